@@ -1,0 +1,58 @@
+# cifar10-kfp: the front door. `make help` lists the targets.
+# A fresh clone needs exactly two commands: `make run` and `make test`. Each installs what it needs.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CLI := $(VENV)/bin/cifar10-kfp
+STAMP := $(VENV)/.installed-stamp
+# The dataset for `make run`: the official CIFAR-10 URL by default; a path, file://, s3:// or https:// URI overrides it.
+DATASET ?= https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz
+# Extra pipeline parameters for `make run`, e.g. PARAMS="epochs=2 max_train_samples=2000".
+PARAMS ?=
+REGISTRY ?= ghcr.io/cifar10-kfp
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE ?= $(REGISTRY)/cifar10-kfp:$(VERSION)
+PYTEST_ARGS ?=
+
+.PHONY: help install run test test-fast compile lint bench bench-quick image clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[local,dev]'
+	@touch $@
+
+install: $(STAMP) ## create .venv (if missing) and install the package with its local and dev extras
+
+run: $(STAMP) ## run the whole training pipeline locally (kfp.local) on the embedded object store
+	$(CLI) run-local --param dataset_uri=$(DATASET) $(foreach p,$(PARAMS),--param $(p)) --summary-json runs/last-summary.json
+
+test: $(STAMP) ## run the whole test suite
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP) ## run the tests not marked slow
+	$(PY) -m pytest -m "not slow and not reliability" $(PYTEST_ARGS)
+
+compile: $(STAMP) ## compile the pipelines to pipelines/compiled/*.yaml
+	$(CLI) compile --output-dir pipelines/compiled
+
+lint: $(STAMP) ## ruff check and format check
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bench: $(STAMP) ## run the CPU benchmarks (about 45 min) and write benchmarks/RESULTS.md
+	$(PY) -m benchmarks.run
+
+bench-quick: $(STAMP) ## every benchmark at a small size, in a few minutes
+	$(PY) -m benchmarks.run --quick
+
+image: ## build the component image for linux/amd64 with docker buildx and push it to $(REGISTRY)
+	docker buildx build --platform linux/amd64 -f images/train/Dockerfile -t $(IMAGE) --push .
+
+clean: ## remove local outputs (keeps .venv)
+	rm -rf local_outputs runs .pytest_cache

@@ -52,7 +52,9 @@ bench-quick: $(STAMP) ## every benchmark at a small size, in a few minutes
 	$(PY) -m benchmarks.run --quick
 
 image: ## build the component image for linux/amd64 with docker buildx and push it to $(REGISTRY)
-	docker buildx build --platform linux/amd64 -f images/train/Dockerfile -t $(IMAGE) --push .
+	docker buildx build --platform linux/amd64 -f images/train/Dockerfile \
+		--build-arg VERSION=$(VERSION) -t $(IMAGE) --push .
+	@echo "pushed $(IMAGE); compile pipelines against it with: CIFAR10_KFP_IMAGE=$(IMAGE) make compile"
 
 clean: ## remove local outputs (keeps .venv)
 	rm -rf local_outputs runs .pytest_cache

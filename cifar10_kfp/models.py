@@ -91,6 +91,106 @@ class SimpleCNN(nn.Module):
         return self.classifier(self.features(x))
 
 
+# ------------------------------------------------------------------------- fast_resnet
+
+
+class _FrozenScaleBatchNorm(nn.BatchNorm2d):
+    """BatchNorm whose scale stays 1: only the shift is learned.
+
+    The layer after it is followed by another normalisation, so a learned scale adds a
+    redundant degree of freedom; fixing it makes the weights scale-invariant, which lets a
+    large learning rate with weak weight decay stay stable. The running statistics use a
+    faster momentum than PyTorch's 0.1 because short runs take few steps per epoch.
+    """
+
+    def __init__(self, channels: int, momentum: float = 0.4, eps: float = 1e-5):
+        super().__init__(channels, momentum=momentum, eps=eps)
+        self.weight.requires_grad_(False)
+
+
+def _conv3x3(c_in: int, c_out: int) -> nn.Conv2d:
+    return nn.Conv2d(c_in, c_out, kernel_size=3, padding=1, bias=False)
+
+
+class _Stage(nn.Module):
+    """Widen with a 3x3 conv, halve the resolution, then one residual 3x3 conv block."""
+
+    def __init__(self, c_in: int, c_out: int, bn_momentum: float):
+        super().__init__()
+        self.widen = _conv3x3(c_in, c_out)
+        self.pool = nn.MaxPool2d(2)
+        self.norm1 = _FrozenScaleBatchNorm(c_out, bn_momentum)
+        self.conv = _conv3x3(c_out, c_out)
+        self.norm2 = _FrozenScaleBatchNorm(c_out, bn_momentum)
+        self.act = nn.GELU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.act(self.norm1(self.pool(self.widen(x))))
+        return x + self.act(self.norm2(self.conv(x)))
+
+
+@register("fast_resnet")
+class FastResNet(nn.Module):
+    """A small residual network built for time-to-accuracy on 32x32 images.
+
+    Layout: a fixed 2x2 "whitening" convolution whose filters are the eigenvectors of the
+    training set's 2x2 patch covariance (scaled to unit variance, each filter used with both
+    signs so a ReLU-like nonlinearity keeps all the information), then three stages (conv,
+    max-pool, BatchNorm, GELU, plus a residual conv block), global max-pool and a linear head
+    whose logits are scaled down so the initial softmax is soft. Works for any image size >= 8.
+
+    ``init_whitening(images)`` must be called once with a sample of normalised training images
+    before training; the filters are then stored with the weights like any other parameter.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        image_size: int = 32,
+        widths: tuple[int, int, int] | list[int] = (64, 256, 256),
+        bn_momentum: float = 0.4,
+        head_scale: float = 1 / 8,
+        whiten_trainable: bool = False,
+    ):
+        super().__init__()
+        if len(widths) != 3 or any(int(w) < 1 for w in widths):
+            raise ValueError(f"fast_resnet needs three positive widths, got {widths!r}")
+        if image_size < 8:
+            raise ValueError(f"fast_resnet needs image_size >= 8, got {image_size}")
+        widths = [int(w) for w in widths]
+        patch = 2
+        stem_out = 2 * 3 * patch * patch  # every eigenvector with both signs
+        self.whiten = nn.Conv2d(3, stem_out, kernel_size=patch, padding=0, bias=True)
+        self.whiten.weight.requires_grad_(whiten_trainable)
+        self.stem_act = nn.GELU()
+        self.stages = nn.Sequential(
+            _Stage(stem_out, widths[0], bn_momentum),
+            _Stage(widths[0], widths[1], bn_momentum),
+            _Stage(widths[1], widths[2], bn_momentum),
+        )
+        self.pool = nn.AdaptiveMaxPool2d(1)
+        self.head = nn.Linear(widths[2], num_classes, bias=False)
+        self.head_scale = head_scale
+
+    @torch.no_grad()
+    def init_whitening(self, images: torch.Tensor, eps: float = 5e-4) -> None:
+        """Set the stem filters from the patch covariance of ``images`` (float N x 3 x H x W, normalised)."""
+        k = self.whiten.kernel_size[0]
+        patches = images.float().unfold(2, k, 1).unfold(3, k, 1)  # N, C, H', W', k, k
+        patches = patches.permute(0, 2, 3, 1, 4, 5).reshape(-1, 3 * k * k).double()
+        patches = patches - patches.mean(dim=0)
+        cov = patches.T @ patches / len(patches)
+        eigenvalues, eigenvectors = torch.linalg.eigh(cov)
+        filters = (eigenvectors.T / torch.sqrt(eigenvalues + eps)[:, None]).reshape(-1, 3, k, k)
+        weight = torch.cat([filters, -filters]).to(self.whiten.weight)
+        self.whiten.weight.copy_(weight)
+        self.whiten.bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stages(self.stem_act(self.whiten(x)))
+        return self.head(self.pool(x).flatten(1)) * self.head_scale
+
+
 # ---------------------------------------------------------------------- model directory
 
 
@@ -130,11 +230,15 @@ def save_model(model: nn.Module, info: ModelInfo, directory: str | os.PathLike) 
 def read_model_info(directory: str | os.PathLike) -> ModelInfo:
     raw = json.loads((Path(directory) / INFO_FILE).read_text())
     if raw.get("format_version") != MODEL_FORMAT_VERSION:
-        raise ValueError(f"{directory}: model format {raw.get('format_version')!r}, expected {MODEL_FORMAT_VERSION}")
+        raise ValueError(
+            f"{directory}: model format {raw.get('format_version')!r}, expected {MODEL_FORMAT_VERSION}"
+        )
     return ModelInfo(**raw)
 
 
-def load_model(directory_or_uri: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[nn.Module, ModelInfo]:
+def load_model(
+    directory_or_uri: str | os.PathLike, device: str | torch.device = "cpu"
+) -> tuple[nn.Module, ModelInfo]:
     """Rebuild a model from a model directory (local, or ``s3://`` prefix) in eval mode."""
     from safetensors.torch import load_file
 

@@ -1,0 +1,149 @@
+"""Cluster settings applied to pipeline tasks: the one place that decides GPUs, resources,
+tolerations, secrets, retries, caching and the image.
+
+Components stay free of cluster decisions; the pipeline modules build their DAGs and hand
+each task to a ``ClusterPolicy`` method. ``cifar10-kfp compile`` builds a policy from its flags;
+``run-local`` builds one pointed at the local object store.
+
+Two kfp 2.17 details shape this module:
+
+* ``set_accelerator_limit`` accepts a pipeline channel, and the KFP driver resolves it with
+  ``resolvePodSpecInputRuntimeParameter``, which reads the value with ``GetStringValue()``. An
+  ``int`` pipeline parameter resolves to ``""`` there and the GPU limit is silently dropped,
+  so the GPU count is fed from the validate step's *string* output ``gpu_limit``.
+* The KFP API ignores ``enable_caching`` when a run is created from an uploaded pipeline id
+  (kubeflow/pipelines#14253), so per-task caching is decided here, at compile time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from components.image import image as default_image
+
+GPU_RESOURCE = "nvidia.com/gpu"
+DEFAULT_MINIO_ENDPOINT = "seaweedfs.kubeflow:9000"  # the artifact store of KFP >= 2.15
+MINIO_SECRET = "mlpipeline-minio-artifact"  # exists in every KFP namespace
+# secret key -> environment variable read by cifar10_kfp.storage.StorageConfig
+MINIO_SECRET_KEYS = {"accesskey": "MINIO_ACCESS_KEY", "secretkey": "MINIO_SECRET_KEY"}
+
+# Steps whose outputs are a pure function of their inputs: safe to take from the KFP cache.
+CACHED_STEPS = frozenset({"download", "preprocess"})
+ALL_STEPS = (
+    "validate", "download", "preprocess", "train", "evaluate", "gate", "publish", "record", "select", "summary"
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Resources:
+    """CPU and memory for a task, as Kubernetes quantities."""
+
+    cpu_request: str
+    cpu_limit: str
+    memory_request: str
+    memory_limit: str
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """KFP ``set_retry`` arguments. Training resumes from its last checkpoint, so a retry is cheap."""
+
+    num_retries: int = 3
+    backoff_duration: str = "60s"  # first wait; long enough for a preempted node to be replaced
+    backoff_factor: float = 2.0
+    backoff_max_duration: str = "1800s"
+
+
+@dataclass(frozen=True)
+class ClusterPolicy:
+    """What ``cifar10-kfp compile`` bakes into the pipeline spec."""
+
+    image: str = field(default_factory=default_image)
+    minio_endpoint: str = DEFAULT_MINIO_ENDPOINT
+    minio_secure: bool = False
+    minio_secret: str = MINIO_SECRET
+    # Light steps: validation, download, preprocess (decoding 60k JPEGs), evaluation, records.
+    step_resources: Resources = Resources("1", "2", "2Gi", "8Gi")
+    # Train: feeds the GPU from uint8 tensors already in memory, so a few cores suffice.
+    train_resources: Resources = Resources("4", "8", "16Gi", "32Gi")
+    train_retry: RetryPolicy = RetryPolicy()
+    cached_steps: frozenset[str] = CACHED_STEPS
+
+    def with_cached_steps(self, extra: list[str] | tuple[str, ...]) -> ClusterPolicy:
+        """A copy that also caches ``extra`` steps (``compile --cache train``)."""
+        unknown = sorted(set(extra) - set(ALL_STEPS))
+        if unknown:
+            raise ValueError(f"--cache {', '.join(unknown)}: not a step; use one of {', '.join(ALL_STEPS)}")
+        return replace(self, cached_steps=self.cached_steps | frozenset(extra))
+
+    @classmethod
+    def for_local(cls, minio_endpoint: str, *, minio_secure: bool = False) -> ClusterPolicy:
+        """The policy ``run-local`` uses: the same settings, pointed at the local object store.
+
+        kfp.local applies ``set_env_variable`` to its subprocesses, so the endpoint must be the
+        local one. Retries are off: there is no node preemption to recover from on a laptop,
+        and a genuine failure should be reported at once rather than after minutes of backoff.
+        """
+        return cls(
+            minio_endpoint=minio_endpoint, minio_secure=minio_secure, train_retry=RetryPolicy(num_retries=0)
+        )
+
+    # -- per-task settings ---------------------------------------------------------------
+
+    def step(self, task, step: str, *, storage: bool = True, resources: Resources | None = None):
+        """Settings every task gets: image, caching, resources, and object-store access."""
+        if step not in ALL_STEPS:
+            raise ValueError(f"unknown step {step!r}")
+        task.set_container_image(self.image)
+        task.set_caching_options(step in self.cached_steps)
+        res = resources or self.step_resources
+        task.set_cpu_request(res.cpu_request).set_cpu_limit(res.cpu_limit)
+        task.set_memory_request(res.memory_request).set_memory_limit(res.memory_limit)
+        if storage:
+            self.object_store(task)
+        return task
+
+    def object_store(self, task):
+        """Credentials from the KFP artifact secret; the endpoint from this policy (no credential in the spec)."""
+        from kfp import kubernetes
+
+        kubernetes.use_secret_as_env(
+            task, secret_name=self.minio_secret, secret_key_to_env=dict(MINIO_SECRET_KEYS)
+        )
+        task.set_env_variable("MINIO_ENDPOINT", self.minio_endpoint)
+        task.set_env_variable("MINIO_SECURE", "true" if self.minio_secure else "false")
+        return task
+
+    def gpu_train(self, task, gpu_limit):
+        """The single-node train step: GPUs, GPU toleration, big resources, retry with backoff.
+
+        ``gpu_limit`` is the validate step's string output (see the module docstring).
+        """
+        from kfp import kubernetes
+
+        self.step(task, "train", resources=self.train_resources)
+        task.set_accelerator_type(GPU_RESOURCE).set_accelerator_limit(gpu_limit)
+        kubernetes.add_toleration(task, key=GPU_RESOURCE, operator="Exists", effect="NoSchedule")
+        self.retry(task)
+        return task
+
+    def trainer_launcher(self, task):
+        """The multi-node train step: a CPU pod that creates and watches a Trainer TrainJob.
+
+        The GPUs are requested by the TrainJob's nodes, not by this pod. A retry re-attaches to
+        the TrainJob of the same name, or recreates it and resumes from the checkpoint.
+        """
+        self.step(task, "train")
+        self.retry(task)
+        return task
+
+    def retry(self, task):
+        r = self.train_retry
+        if r.num_retries > 0:
+            task.set_retry(
+                num_retries=r.num_retries,
+                backoff_duration=r.backoff_duration,
+                backoff_factor=r.backoff_factor,
+                backoff_max_duration=r.backoff_max_duration,
+            )
+        return task

@@ -121,8 +121,21 @@ def _train_tiny_model(dataset, steps: int = 40):
     """A simple_cnn trained a few steps with a plain loop (not the training engine)."""
     from cifar10_kfp.models import ModelInfo, build_model
 
-    torch.manual_seed(0)
-    model = build_model("simple_cnn", dataset.num_classes, dataset.image_size)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a 40-step loop on tiny images: extra threads only contend on shared cores
+    try:
+        torch.manual_seed(0)
+        model = build_model("simple_cnn", dataset.num_classes, dataset.image_size)
+        _fit(model, dataset, steps)
+    finally:
+        torch.set_num_threads(threads)
+    info = ModelInfo(
+        "simple_cnn", dataset.num_classes, dataset.image_size, dataset.class_names, dataset.mean, dataset.std
+    )
+    return model.eval(), info
+
+
+def _fit(model, dataset, steps):
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     mean = torch.tensor(dataset.mean).view(1, 3, 1, 1)
     std = torch.tensor(dataset.std).view(1, 3, 1, 1)
@@ -134,10 +147,6 @@ def _train_tiny_model(dataset, steps: int = 40):
         opt.zero_grad()
         loss.backward()
         opt.step()
-    info = ModelInfo(
-        "simple_cnn", dataset.num_classes, dataset.image_size, dataset.class_names, dataset.mean, dataset.std
-    )
-    return model.eval(), info
 
 
 @pytest.fixture

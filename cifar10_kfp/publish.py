@@ -47,7 +47,7 @@ MANIFEST_FILE = "inference_service.yaml"
 LATEST = "latest"
 TORCHSCRIPT_ATOL = 1e-4  # max |scripted - eager| logit difference accepted before publishing
 
-_MODEL_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
+_MODEL_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")  # same rule as cifar10_kfp.params
 
 
 class PublishError(RuntimeError):
@@ -180,10 +180,10 @@ def run_gate(
 
 
 def validate_model_name(model_name: str) -> str:
-    """A model name is a DNS label (lowercase letters, digits, '-'; <= 40), usable in keys and in KServe."""
+    """A model name: 1-63 lowercase letters, digits, '.', '_' or '-' (the pipeline parameter's rule)."""
     if not isinstance(model_name, str) or not _MODEL_NAME_RE.match(model_name):
         raise ValueError(
-            f"invalid model_name {model_name!r}: use 1-40 lowercase letters, digits or '-', "
+            f"invalid model_name {model_name!r}: use 1-63 lowercase letters, digits, '.', '_' or '-', "
             "starting and ending with a letter or digit"
         )
     return model_name
@@ -230,6 +230,20 @@ def list_versions(model_name: str, *, store=None, root: str | None = None) -> li
         if len(parts) == 2 and parts[1] == CARD_JSON:
             versions.add(parts[0])
     return sorted(versions)
+
+
+def dataset_digests(path: str | os.PathLike) -> dict[str, str]:
+    """``prepared_sha256`` (the exact test data) and ``source_digest`` (the source archive) of a prepared file."""
+    from cifar10_kfp.data.format import read_metadata
+    from cifar10_kfp.storage import sha256_file
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / "dataset.safetensors"
+    return {
+        "prepared_sha256": sha256_file(path),
+        "source_digest": read_metadata(path).get("source_digest", ""),
+    }
 
 
 def _store(store):
@@ -435,7 +449,7 @@ def publish_model(
         uri=version_uri,
         metrics=metrics,
         dataset_digest=dataset_digest,
-        params=params or {},
+        params={**(info.extra or {}), **(params or {})},
         run_id=run_id,
         created=created_at.astimezone(timezone.utc).isoformat(timespec="seconds"),
     )

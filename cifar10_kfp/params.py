@@ -244,11 +244,36 @@ _SWEEP_ONLY: tuple[Param, ...] = (
     _P("hparam_sets", str, DEFAULT_SWEEP_SETS,
        "JSON list of trials; each object may set " + ", ".join(TRIAL_KEYS) + " over the pipeline's values.",
        _check_sweep_sets),
-    _P("parallelism", int, 2, f"Trials trained at the same time, 1..{MAX_PARALLELISM}.",
-       _int_range(1, MAX_PARALLELISM)),
 )  # fmt: skip
 # The sweep trains every trial on one node: Trainer jobs per trial would multiply cluster demand.
 SWEEP_PARAMS: tuple[Param, ...] = tuple(p for p in TRAINING_PARAMS if p.name != "num_nodes") + _SWEEP_ONLY
+
+# Settings fixed when the pipeline is compiled, not run-time parameters: kfp 2.17's
+# dsl.ParallelFor takes `parallelism` as a Python int (IR iterator_policy.parallelism_limit).
+BUILD_PARAMS: dict[str, tuple[Param, ...]] = {
+    "training": (),
+    "sweep": (
+        _P("parallelism", int, 2, f"Trials trained at the same time, 1..{MAX_PARALLELISM} (set at compile time).",
+           _int_range(1, MAX_PARALLELISM)),
+    ),
+}  # fmt: skip
+
+
+def validate_build_params(params: Mapping[str, Any], pipeline: str = "training") -> dict[str, Any]:
+    """Check the compile-time settings of a pipeline (e.g. the sweep's ``parallelism``); defaults filled."""
+    specs = {p.name: p for p in BUILD_PARAMS[pipeline]}
+    unknown = sorted(set(params) - set(specs))
+    if unknown:
+        raise ValueError(f"unknown build setting(s) {', '.join(unknown)} for the {pipeline} pipeline")
+    values = {name: spec.default for name, spec in specs.items()}
+    for name, raw in params.items():
+        value = _coerce(specs[name], raw)
+        problem = specs[name].check(value) if specs[name].check else None
+        if problem:
+            raise ValueError(f"{name}={value!r} is out of range: {problem}")
+        values[name] = value
+    return values
+
 
 PIPELINE_PARAMS = {"training": TRAINING_PARAMS, "sweep": SWEEP_PARAMS}
 

@@ -7,7 +7,6 @@ which always runs, reads those records and writes ``summary.json`` next to them 
 own output artifact.
 """
 
-
 from kfp import dsl
 from kfp.dsl import HTML, Artifact, Dataset, Input, Metrics, Model, Output
 
@@ -79,6 +78,64 @@ def record_run_outputs(
             "history": history.uri,
             "metrics": eval_metrics.uri,
             "report": report.uri,
+        },
+    }
+    uri = store.root_uri("runs", run_id, "outputs.json")
+    store.put_bytes(json.dumps(record, indent=2, sort_keys=True).encode(), uri)
+    print("recorded", uri)
+    return uri
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def record_sweep_outputs(
+    archive: Input[Artifact],
+    dataset: Input[Dataset],
+    best_model: Input[Model],
+    best_accuracy: float,
+    params_json: str,
+    pipeline_name: str,
+    run_id: str,
+    bucket: str,
+    storage_prefix: str,
+) -> str:
+    """Record a sweep's winner, every trial's accuracy, and artifact locations in the object store.
+
+    Args:
+        archive: The downloaded dataset pointer (download step).
+        dataset: The prepared dataset.
+        best_model: The winning model (with the trial in its metadata).
+        best_accuracy: The winning test accuracy.
+        params_json: The validated pipeline parameters as JSON.
+        pipeline_name: Name of the pipeline.
+        run_id: The KFP run id.
+        bucket: Object-store bucket, empty for the configured one.
+        storage_prefix: Object-store key prefix, empty for the configured one.
+
+    Returns:
+        The URI of the record (``<root>/runs/<run_id>/outputs.json``).
+    """
+    import json
+
+    from cifar10_kfp.storage import open_store
+
+    store = open_store(bucket or None, storage_prefix or None)
+    meta = dict(best_model.metadata)
+    record = {
+        "pipeline": pipeline_name,
+        "run_id": run_id,
+        "parameters": json.loads(params_json),
+        "metrics": {
+            "test_accuracy": float(best_accuracy),
+            "best_trial": int(meta.get("trial_index", -1)),
+            "trial_accuracies": meta.get("sweep_accuracies", []),
+        },
+        "best_trial": json.loads(meta.get("trial", "{}")),
+        "artifacts": {
+            "dataset_archive": archive.metadata.get("cache_uri") or archive.uri,
+            "dataset": dataset.uri,
+            "prepared_dataset_cache": dataset.metadata.get("cache_uri", ""),
+            "model": best_model.uri,
+            "checkpoints": meta.get("checkpoint_uri", ""),
         },
     }
     uri = store.root_uri("runs", run_id, "outputs.json")
@@ -162,8 +219,9 @@ def write_run_summary(
             if name == "published.json":
                 result["published"] = record
             else:
-                for key in ("parameters", "metrics", "artifacts"):
-                    result[key] = record.get(key, {})
+                for key in ("parameters", "metrics", "artifacts", "best_trial"):
+                    if key in record:
+                        result[key] = record[key]
         if not result["artifacts"].get("checkpoints"):
             # Training failed before the record: point at what the checkpointer left, for a resume.
             root = checkpoint_uri or store.root_uri("checkpoints", run_id)

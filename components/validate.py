@@ -74,9 +74,9 @@ def validate_training_params(
 
     values = validate_pipeline_params(params, "training")
     print("parameters are valid:", json.dumps(values, sort_keys=True))
-    outputs = NamedTuple("ValidatedTraining", [("gpu_limit", str), ("params_json", str)])
-    return outputs(
-        gpu_limit_for_pod(values["num_gpus"], values["num_nodes"]), json.dumps(values, sort_keys=True)
+    return (  # in the order of the declared outputs
+        gpu_limit_for_pod(values["num_gpus"], values["num_nodes"]),
+        json.dumps(values, sort_keys=True),
     )
 
 
@@ -103,7 +103,6 @@ def validate_sweep_params(
     bucket: str,
     storage_prefix: str,
     hparam_sets: str,
-    parallelism: int,
 ) -> NamedTuple("ValidatedSweep", [("gpu_limit", str), ("trials", list), ("params_json", str)]):
     """Validate the sweep pipeline's parameters and expand the trials.
 
@@ -129,7 +128,6 @@ def validate_sweep_params(
         bucket: Object-store bucket, empty for the configured one.
         storage_prefix: Object-store key prefix, empty for the configured one.
         hparam_sets: JSON list of trial overrides.
-        parallelism: Trials trained at the same time.
 
     Returns:
         gpu_limit: GPUs for each train pod, as a string.
@@ -147,5 +145,4 @@ def validate_sweep_params(
     values = validate_pipeline_params(params, "sweep")
     trials = json.loads(values["hparam_sets"])
     print(f"parameters are valid; {len(trials)} trials:", json.dumps(trials, sort_keys=True))
-    outputs = NamedTuple("ValidatedSweep", [("gpu_limit", str), ("trials", list), ("params_json", str)])
-    return outputs(str(values["num_gpus"]), trials, json.dumps(values, sort_keys=True))
+    return str(values["num_gpus"]), trials, json.dumps(values, sort_keys=True)  # the declared outputs' order

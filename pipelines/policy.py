@@ -10,7 +10,10 @@ Two kfp 2.17 details shape this module:
 * ``set_accelerator_limit`` accepts a pipeline channel, and the KFP driver resolves it with
   ``resolvePodSpecInputRuntimeParameter``, which reads the value with ``GetStringValue()``. An
   ``int`` pipeline parameter resolves to ``""`` there and the GPU limit is silently dropped,
-  so the GPU count is fed from the validate step's *string* output ``gpu_limit``.
+  so the GPU count is fed from the validate step's *string* output ``gpu_limit``. And it does
+  not register that channel as a task input (``set_container_image`` does), so inside a
+  ``dsl.If``/``ParallelFor`` the compiler fails with "component_input_parameter ... not found";
+  ``gpu_train`` registers it with ``register_pipeline_channels``.
 * The KFP API ignores ``enable_caching`` when a run is created from an uploaded pipeline id
   (kubeflow/pipelines#14253), so per-task caching is decided here, at compile time.
 """
@@ -120,9 +123,14 @@ class ClusterPolicy:
         ``gpu_limit`` is the validate step's string output (see the module docstring).
         """
         from kfp import kubernetes
+        from kfp.dsl.pipeline_channel import PipelineChannel
 
         self.step(task, "train", resources=self.train_resources)
         task.set_accelerator_type(GPU_RESOURCE).set_accelerator_limit(gpu_limit)
+        if isinstance(gpu_limit, PipelineChannel):
+            # set_accelerator_limit does not register its channel (set_container_image does), so inside
+            # a dsl.If or ParallelFor the compiler would not route it into the sub-DAG's inputs.
+            task.register_pipeline_channels([gpu_limit])
         kubernetes.add_toleration(task, key=GPU_RESOURCE, operator="Exists", effect="NoSchedule")
         self.retry(task)
         return task

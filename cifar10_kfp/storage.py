@@ -113,7 +113,7 @@ def validate_key(key: str, *, allow_empty: bool = False) -> str:
         raise InvalidNameError(
             f"invalid object key {key[:60]!r}...: {len(key.encode('utf-8'))} bytes, the limit is {MAX_KEY_BYTES}"
         )
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in key):
+    if any(ord(ch) < 32 or 127 <= ord(ch) <= 159 for ch in key):  # C0, DEL and C1 (Unicode Cc)
         raise InvalidNameError(f"invalid object key {key!r}: contains a control character")
     if any(part in ("..", ".") for part in key.split("/")):
         raise InvalidNameError(f"invalid object key {key!r}: must not contain a '.' or '..' segment")

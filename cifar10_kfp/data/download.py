@@ -1,0 +1,471 @@
+"""Fetch a dataset archive once, verify it, and keep it in the object store under its content address.
+
+Sources: ``http(s)://`` (streamed, with a size cap, a timeout and retries), ``s3://`` or
+``minio://`` (a mirror in the object store), ``file://`` or a local path. The archive is
+hashed while it streams (sha256 always, md5 too), checked against the ``algo:hex`` checksum
+when one is given, scanned member by member as untrusted input (``archives``) and its
+layout detected (``layout``). Only then is it stored at
+``<root>/datasets/sha256/<digest>/<filename>``, with small index entries at
+``<root>/datasets/index/<md5|sha256>/<hex>.json``: the next run with the same checksum finds
+the archive through the index and fetches nothing. Nothing unverified reaches the store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlparse, urlunparse
+
+from cifar10_kfp.data.archives import ArchiveLimits, scan_archive
+from cifar10_kfp.data.layout import IMAGE_FOLDER, detect_layout, index_image_folder
+from cifar10_kfp.storage import (
+    ObjectNotFound,
+    ObjectStore,
+    is_remote,
+    open_store,
+    parse_uri,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+DEFAULT_CHECKSUM = "md5:c58f30108f718f92721af3b95e74349a"
+# Checksums we know for well-known URLs, applied when the caller gives none.
+KNOWN_CHECKSUMS = {DEFAULT_URL: DEFAULT_CHECKSUM}
+_HEX_LENGTHS = {"md5": 32, "sha256": 64}
+_CHUNK = 1024 * 1024
+
+
+class DownloadError(RuntimeError):
+    """The archive could not be fetched; the message says why and what to do instead."""
+
+
+class ChecksumError(ValueError):
+    """The fetched archive does not match the expected checksum."""
+
+
+def _env_number(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None
+    if value <= 0:
+        raise ValueError(f"{name}={raw!r} must be positive")
+    return value
+
+
+@dataclass(frozen=True)
+class DownloadLimits:
+    """How much, how long and how often to try. Defaults fit the 163 MB official archive."""
+
+    max_bytes: int = 4 * 1024**3  # refuse archives bigger than this (CIFAR10_KFP_MAX_DOWNLOAD_BYTES)
+    timeout_s: float = (
+        60.0  # per connect and per read; a stalled server fails (CIFAR10_KFP_DOWNLOAD_TIMEOUT_S)
+    )
+    deadline_s: float = 3600.0  # the whole download, all attempts (CIFAR10_KFP_DOWNLOAD_DEADLINE_S)
+    attempts: int = 3  # transient failures (connection reset, 5xx, short read) are retried
+
+    @classmethod
+    def from_env(cls) -> DownloadLimits:
+        return cls(
+            max_bytes=int(_env_number("CIFAR10_KFP_MAX_DOWNLOAD_BYTES", cls.max_bytes)),
+            timeout_s=_env_number("CIFAR10_KFP_DOWNLOAD_TIMEOUT_S", cls.timeout_s),
+            deadline_s=_env_number("CIFAR10_KFP_DOWNLOAD_DEADLINE_S", cls.deadline_s),
+            attempts=int(_env_number("CIFAR10_KFP_DOWNLOAD_ATTEMPTS", cls.attempts)),
+        )
+
+
+@dataclass
+class DownloadResult:
+    """What ``fetch_dataset`` found out; ``pointer()`` is the download step's output."""
+
+    source: str  # the source as given, with any credentials or query string removed
+    sha256: str
+    size: int  # bytes
+    format: str  # "cifar10-python" or "image-folder"
+    filename: str
+    cache_uri: str  # where the verified archive lives in the object store ("" without a store)
+    cache_hit: bool  # True when the archive was already in the store
+    md5: str = ""
+    local_path: str = ""  # a verified local copy, when one exists after the call ("" otherwise)
+
+    def pointer(self) -> dict:
+        keys = ("source", "sha256", "size", "format", "filename", "cache_uri")
+        return {k: getattr(self, k) for k in keys}
+
+
+def parse_checksum(checksum: str) -> tuple[str, str] | None:
+    """``"md5:HEX"`` or ``"sha256:HEX"`` -> ``(algo, hex)``; ``""`` -> None; anything else -> ValueError."""
+    checksum = (checksum or "").strip()
+    if not checksum:
+        return None
+    algo, sep, hexdigest = checksum.partition(":")
+    algo, hexdigest = algo.strip().lower(), hexdigest.strip().lower()
+    if not sep or algo not in _HEX_LENGTHS:
+        raise ValueError(
+            f"invalid checksum {checksum!r}: expected md5:<32 hex digits> or sha256:<64 hex digits>"
+        )
+    if len(hexdigest) != _HEX_LENGTHS[algo] or not re.fullmatch(r"[0-9a-f]+", hexdigest):
+        raise ValueError(f"invalid checksum {checksum!r}: {algo} needs {_HEX_LENGTHS[algo]} hex digits")
+    return algo, hexdigest
+
+
+def redact_source(source: str) -> str:
+    """The source without user:password or query string (presigned URLs carry signatures there)."""
+    parsed = urlparse(source)
+    if parsed.scheme in ("http", "https"):
+        netloc = parsed.hostname or ""
+        if parsed.port:
+            netloc = f"{netloc}:{parsed.port}"
+        return urlunparse((parsed.scheme, netloc, parsed.path, "", "", ""))
+    return source
+
+
+def safe_filename(source: str) -> str:
+    """The archive's file name from the source, reduced to characters safe in an object key."""
+    path = urlparse(source).path if "://" in source else source
+    name = unquote(path.rstrip("/").rsplit("/", 1)[-1])
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".")
+    return name[:200] or "archive"
+
+
+def _source_kind(source: str) -> str:
+    scheme = urlparse(source).scheme.lower()
+    if scheme in ("http", "https"):
+        return "http"
+    if is_remote(source):
+        return "s3"
+    if scheme == "file" or not scheme or len(scheme) == 1:
+        return "local"
+    raise ValueError(
+        f"unsupported dataset source {source!r}: use https://, http://, s3://, minio://, file:// or a path"
+    )
+
+
+def _usable_store(store: ObjectStore | None) -> ObjectStore | None:
+    store = store if store is not None else open_store()
+    return store if store.config.endpoint else None
+
+
+# ------------------------------------------------------------------------ hashing
+
+
+class _Hasher:
+    def __init__(self):
+        self.sha256, self.md5, self.size = hashlib.sha256(), hashlib.md5(usedforsecurity=False), 0
+
+    def update(self, block: bytes) -> None:
+        self.sha256.update(block)
+        self.md5.update(block)
+        self.size += len(block)
+
+
+def _hash_file(path: Path) -> _Hasher:
+    hasher = _Hasher()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(_CHUNK), b""):
+            hasher.update(block)
+    return hasher
+
+
+# ------------------------------------------------------------------------- fetchers
+
+
+def no_network_help(source: str) -> str:
+    return (
+        "If this machine has no internet access (an air-gapped cluster, a CI runner), download "
+        f"{DEFAULT_URL} (md5 {DEFAULT_CHECKSUM.split(':')[1]}) elsewhere and point the dataset at that copy: "
+        "`cifar10-kfp data --source /path/to/cifar-10-python.tar.gz` (or file://..., or an object-store mirror "
+        "s3://<bucket>/<key>), the pipeline parameter dataset_uri, or `make run DATASET=<path or s3:// URI>`."
+    )
+
+
+class _Transient(Exception):
+    pass
+
+
+def _fetch_http_once(url: str, dst: Path, limits: DownloadLimits, deadline: float) -> _Hasher:
+    from cifar10_kfp import __version__
+
+    request = urllib.request.Request(url, headers={"User-Agent": f"cifar10-kfp/{__version__}"})
+    shown = redact_source(url)
+    try:
+        response = urllib.request.urlopen(request, timeout=limits.timeout_s)  # noqa: S310 - scheme checked
+    except urllib.error.HTTPError as exc:
+        if exc.code >= 500 or exc.code == 429:
+            raise _Transient(f"HTTP {exc.code} {exc.reason}") from exc
+        raise DownloadError(
+            f"cannot download {shown}: the server answered HTTP {exc.code} {exc.reason}. "
+            + no_network_help(url)
+        ) from exc
+    with response:
+        declared = response.headers.get("Content-Length")
+        if declared and declared.isdigit() and int(declared) > limits.max_bytes:
+            raise DownloadError(
+                f"cannot download {shown}: it is {int(declared)} bytes, over the {limits.max_bytes}-byte cap "
+                "(CIFAR10_KFP_MAX_DOWNLOAD_BYTES)"
+            )
+        hasher = _Hasher()
+        with open(dst, "wb") as out:
+            while True:
+                block = response.read(_CHUNK)
+                if not block:
+                    break
+                hasher.update(block)
+                if hasher.size > limits.max_bytes:
+                    raise DownloadError(
+                        f"cannot download {shown}: more than {limits.max_bytes} bytes, the cap "
+                        "(CIFAR10_KFP_MAX_DOWNLOAD_BYTES)"
+                    )
+                if time.monotonic() > deadline:
+                    raise DownloadError(
+                        f"cannot download {shown}: not finished within {limits.deadline_s:g}s "
+                        "(CIFAR10_KFP_DOWNLOAD_DEADLINE_S)"
+                    )
+                out.write(block)
+        if declared and declared.isdigit() and hasher.size != int(declared):
+            raise _Transient(f"connection closed after {hasher.size} of {declared} bytes")
+    return hasher
+
+
+def _fetch_http(url: str, dst: Path, limits: DownloadLimits) -> _Hasher:
+    deadline = time.monotonic() + limits.deadline_s
+    last: BaseException | None = None
+    host = urlparse(url).hostname
+    for attempt in range(1, max(1, limits.attempts) + 1):
+        try:
+            return _fetch_http_once(url, dst, limits, deadline)
+        except DownloadError:
+            raise
+        except urllib.error.URLError as exc:
+            last = exc.reason if isinstance(exc.reason, BaseException) else exc
+            if isinstance(exc.reason, socket.gaierror):
+                break  # the name does not resolve: retrying will not help
+        except (
+            _Transient,
+            OSError,
+            TimeoutError,
+            ConnectionError,
+        ) as exc:  # http.client errors are OSError-like
+            last = exc
+        except Exception as exc:  # noqa: BLE001 - http.client.IncompleteRead, RemoteDisconnected, ...
+            last = exc
+        if attempt < limits.attempts and time.monotonic() < deadline:
+            delay = min(2.0 ** (attempt - 1), max(0.0, deadline - time.monotonic()))
+            log.warning(
+                "download of %s failed (%s); retry %d in %.0fs", redact_source(url), last, attempt, delay
+            )
+            time.sleep(delay)
+    reason = f"{type(last).__name__}: {last}" if last is not None else "unknown error"
+    timed_out = isinstance(last, (TimeoutError, socket.timeout))
+    what = f"timed out after {limits.timeout_s:g}s" if timed_out else "no network connection"
+    raise DownloadError(
+        f"cannot download {redact_source(url)}: {what} to {host} ({reason}) after {attempt} attempt(s). "
+        + no_network_help(url)
+    )
+
+
+def _fetch(source: str, kind: str, workdir: Path, limits: DownloadLimits, store: ObjectStore | None):
+    """Fetch into ``workdir`` (or use a local file in place); returns ``(path, hasher, is_copy)``."""
+    if kind == "local":
+        path = parse_uri(source).path
+        if not path.is_file():
+            raise FileNotFoundError(f"dataset source {source!r}: no such file {path}")
+        size = path.stat().st_size
+        if size > limits.max_bytes:
+            raise DownloadError(
+                f"dataset source {path} is {size} bytes, over the {limits.max_bytes}-byte cap"
+            )
+        return path, _hash_file(path), False
+    dst = workdir / safe_filename(source)
+    if kind == "http":
+        return dst, _fetch_http(source, dst, limits), True
+    reader = store if store is not None else open_store()
+    info = reader.stat(source)
+    if info.size > limits.max_bytes:
+        raise DownloadError(
+            f"dataset source {source} is {info.size} bytes, over the {limits.max_bytes}-byte cap"
+        )
+    reader.get_file(source, dst)  # verifies the sha256 recorded at upload, when there is one
+    return dst, _hash_file(dst), True
+
+
+# ------------------------------------------------------------------------- the cache
+
+
+def _index_uri(store: ObjectStore, algo: str, hexdigest: str) -> str:
+    return store.root_uri("datasets", "index", algo, f"{hexdigest}.json")
+
+
+def _lookup(store: ObjectStore, algo: str, hexdigest: str) -> dict | None:
+    """The manifest of a cached archive with this checksum, if the archive is really there."""
+    try:
+        manifest = json.loads(store.get_bytes(_index_uri(store, algo, hexdigest)))
+        info = store.stat(manifest["cache_uri"])
+    except ObjectNotFound:
+        return None
+    except (ValueError, KeyError, TypeError) as exc:
+        log.warning("ignoring an unreadable cache index entry for %s:%s (%s)", algo, hexdigest, exc)
+        return None
+    if info.sha256 != manifest.get("sha256") or info.size != manifest.get("size"):
+        log.warning("cache entry %s does not match its index; fetching again", manifest.get("cache_uri"))
+        return None
+    return manifest
+
+
+def _store_verified(store: ObjectStore, path: Path, manifest: dict) -> bool:
+    """Upload a verified archive to its content address and index it; True if it was already there."""
+    cache_uri = manifest["cache_uri"]
+    try:
+        present = store.stat(cache_uri).sha256 == manifest["sha256"]
+    except ObjectNotFound:
+        present = False
+    if not present:
+        store.put_file(path, cache_uri, sha256=manifest["sha256"])
+    body = json.dumps(manifest, sort_keys=True, indent=1).encode()
+    for algo in ("sha256", "md5"):
+        store.put_bytes(body, _index_uri(store, algo, manifest[algo]))
+    return present
+
+
+# --------------------------------------------------------------------------- public
+
+
+def verify_archive(path: str | os.PathLike, *, limits: ArchiveLimits | None = None) -> str:
+    """Scan an archive as untrusted input and return its dataset format; ArchiveError names a bad member."""
+    members = scan_archive(path, limits=limits)
+    layout = detect_layout(str(path), members)
+    if layout.format == IMAGE_FOLDER:
+        index_image_folder(str(path), members, layout.root)  # empty class folders, stray files
+    return layout.format
+
+
+def fetch_dataset(
+    source: str,
+    checksum: str = "",
+    *,
+    store: ObjectStore | None = None,
+    cache: bool = True,
+    workdir: str | os.PathLike | None = None,
+    limits: DownloadLimits | None = None,
+    archive_limits: ArchiveLimits | None = None,
+) -> DownloadResult:
+    """Fetch, verify and cache a dataset archive; see the module docstring.
+
+    Args:
+        source: http(s)://, s3://, minio://, file:// URI or a local path.
+        checksum: ``md5:HEX`` or ``sha256:HEX``; empty means none (the official URL gets its known md5).
+        store: the object store (default: configured from the environment). Without
+            ``MINIO_ENDPOINT`` nothing is cached and ``cache_uri`` is empty.
+        cache: look up and store the archive in the object store.
+        workdir: keep the fetched copy here and report it as ``local_path``; by default it is
+            deleted (a local source is always reported as its own ``local_path``).
+    """
+    source = (source or "").strip()
+    if not source:
+        raise ValueError(
+            f"the dataset source is empty: give a URL, s3:// URI or path (default {DEFAULT_URL})"
+        )
+    kind = _source_kind(source)
+    checksum = checksum.strip() or KNOWN_CHECKSUMS.get(source, "")
+    expected = parse_checksum(checksum)
+    limits = limits or DownloadLimits.from_env()
+    shown = redact_source(source)
+    cache_store = _usable_store(store) if cache else None
+    if cache and cache_store is None:
+        log.info("no object store configured (MINIO_ENDPOINT is unset): the archive is not cached")
+
+    if cache_store is not None and expected is not None:
+        manifest = _lookup(cache_store, *expected)
+        if manifest is not None:
+            log.info(
+                "dataset %s found in the object store at %s; nothing fetched", shown, manifest["cache_uri"]
+            )
+            return DownloadResult(
+                source=shown,
+                sha256=manifest["sha256"],
+                size=manifest["size"],
+                format=manifest["format"],
+                filename=manifest["filename"],
+                cache_uri=manifest["cache_uri"],
+                cache_hit=True,
+                md5=manifest.get("md5", ""),
+            )
+    if expected is None:
+        log.info("no checksum given for %s: fetching it to learn its digest", shown)
+
+    tmpdir = Path(tempfile.mkdtemp(prefix="cifar10-kfp-download-", dir=workdir))
+    try:
+        path, hasher, is_copy = _fetch(source, kind, tmpdir, limits, store)
+        digests = {"sha256": hasher.sha256.hexdigest(), "md5": hasher.md5.hexdigest()}
+        if expected is not None and digests[expected[0]] != expected[1]:
+            raise ChecksumError(
+                f"checksum mismatch for {shown}: expected {expected[0]}:{expected[1]}, got "
+                f"{expected[0]}:{digests[expected[0]]} ({hasher.size} bytes, sha256 {digests['sha256']}). "
+                "The file is corrupt, incomplete or not the expected dataset; nothing was cached."
+            )
+        fmt = verify_archive(path, limits=archive_limits)
+        filename = safe_filename(source)
+        cache_uri = (
+            cache_store.root_uri("datasets", "sha256", digests["sha256"], filename)
+            if cache_store is not None
+            else ""
+        )
+        manifest = {"sha256": digests["sha256"], "md5": digests["md5"], "size": hasher.size}
+        manifest.update(format=fmt, filename=filename, cache_uri=cache_uri)
+        hit = _store_verified(cache_store, path, manifest) if cache_store is not None else False
+        local_path = ""
+        if not is_copy:
+            local_path = str(path)
+        elif workdir is not None:
+            kept = Path(workdir) / f"{digests['sha256'][:16]}-{filename}"
+            shutil.move(str(path), kept)
+            local_path = str(kept)
+        log.info("dataset %s: %s, %d bytes, sha256 %s", shown, fmt, hasher.size, digests["sha256"])
+        return DownloadResult(
+            source=shown,
+            sha256=digests["sha256"],
+            size=hasher.size,
+            format=fmt,
+            filename=filename,
+            cache_uri=cache_uri,
+            cache_hit=hit,
+            md5=digests["md5"],
+            local_path=local_path,
+        )
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def result_from_pointer(pointer: dict) -> DownloadResult:
+    """Rebuild a DownloadResult from ``pointer()`` JSON (the download step's artifact)."""
+    fields = set(DownloadResult.__dataclass_fields__) - {"cache_hit"}
+    return DownloadResult(**{k: v for k, v in pointer.items() if k in fields}, cache_hit=True)
+
+
+__all__ = [
+    "DEFAULT_CHECKSUM",
+    "DEFAULT_URL",
+    "ChecksumError",
+    "DownloadError",
+    "DownloadLimits",
+    "DownloadResult",
+    "fetch_dataset",
+    "parse_checksum",
+    "redact_source",
+    "verify_archive",
+]

@@ -1,0 +1,103 @@
+"""Decode encoded images (JPEG/PNG bytes) into one uint8 N x 3 x S x S array, in parallel.
+
+Every image becomes RGB (grayscale, palette, RGBA and CMYK convert the way torchvision's
+``ImageFolder`` loader does, ``convert("RGB")``, so serving code sees the same pixels) and is
+resized to S x S when its size differs (bilinear, antialiased). JPEG decoding uses draft mode,
+so big photos are decoded at a reduced scale instead of in full.
+
+This module imports only numpy and Pillow, so worker processes start fast.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+MAX_PIXELS = 64_000_000  # one image above this is rejected rather than decoded (image bombs)
+_CHUNK_IMAGES = 4096  # images per worker task: big enough to amortize IPC, small enough to balance
+_PARALLEL_MIN = 3000  # below this many images a process pool costs more than it saves
+
+
+class ImageDecodeError(ValueError):
+    """An image could not be decoded; the message names the file."""
+
+
+def decode_one(name: str, data: bytes, size: int, out: np.ndarray) -> None:
+    """Decode one image into ``out`` (uint8 [3, size, size])."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            width, height = img.size
+            if width * height > MAX_PIXELS:
+                raise ImageDecodeError(f"{name}: {width}x{height} pixels is over the {MAX_PIXELS} limit")
+            if img.format == "JPEG" and (width > size or height > size):
+                img.draft("RGB", (size, size))  # decode at 1/2, 1/4 or 1/8 scale when that still covers size
+            rgb = img if img.mode == "RGB" else img.convert("RGB")
+            if rgb.size != (size, size):
+                rgb = rgb.resize((size, size), Image.Resampling.BILINEAR)
+            out[...] = np.asarray(rgb).transpose(2, 0, 1)
+    except ImageDecodeError:
+        raise
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        raise ImageDecodeError(f"cannot decode image {name}: {type(exc).__name__}: {exc}") from exc
+
+
+def _decode_chunk(args: tuple[list[str], list[bytes], int]) -> np.ndarray:
+    names, blobs, size = args
+    out = np.empty((len(blobs), 3, size, size), dtype=np.uint8)
+    for i, (name, data) in enumerate(zip(names, blobs)):
+        decode_one(name, data, size, out[i])
+    return out
+
+
+def default_workers() -> int:
+    """``CIFAR10_KFP_DECODE_WORKERS``, else the CPUs this process may use (at most 16)."""
+    raw = os.environ.get("CIFAR10_KFP_DECODE_WORKERS", "").strip()
+    if raw:
+        return max(1, int(raw))
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, 16))
+
+
+def decode_images(
+    names: list[str], blobs: list[bytes], size: int, *, workers: int | None = None
+) -> np.ndarray:
+    """Decode ``blobs`` (named ``names`` for errors) into uint8 [N, 3, size, size], in input order."""
+    if len(names) != len(blobs):
+        raise ValueError("names and blobs differ in length")
+    workers = default_workers() if workers is None else workers
+    if workers <= 1 or len(blobs) < _PARALLEL_MIN or not _can_start_workers():
+        return _decode_chunk((names, blobs, size))
+    out = np.empty((len(blobs), 3, size, size), dtype=np.uint8)
+    step = min(_CHUNK_IMAGES, -(-len(blobs) // (workers * 2)))
+    tasks = [(names[i : i + step], blobs[i : i + step], size) for i in range(0, len(blobs), step)]
+    import multiprocessing
+
+    # forkserver: no fork of a process that may hold threads (object-store clients, torch) or locks.
+    ctx = multiprocessing.get_context("forkserver")
+    try:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            for i, chunk in zip(range(0, len(blobs), step), pool.map(_decode_chunk, tasks)):
+                out[i : i + len(chunk)] = chunk
+    except BrokenProcessPool as exc:  # a worker could not start or was killed (e.g. memory limits)
+        log.warning("parallel image decoding failed (%s); decoding in this process instead", exc)
+        return _decode_chunk((names, blobs, size))
+    return out
+
+
+def _can_start_workers() -> bool:
+    """Worker processes re-import ``__main__``; that fails when it is not a file (stdin, some notebooks)."""
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    return main_file is None or os.path.isfile(main_file)

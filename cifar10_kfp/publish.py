@@ -521,7 +521,8 @@ def _move_latest(store, latest_uri: str, pointer: dict, model_name: str) -> bool
         current = json.loads(store.get_bytes(latest_uri))
     except ObjectNotFound:
         current = None
-    if current and str(current.get("version", "")) > pointer["version"]:
+    # Compare the timestamps only: within one second the later write wins, whatever the run ids.
+    if current and str(current.get("version", "")).split("-")[0] > pointer["version"].split("-")[0]:
         log.warning("latest of %s stays at the newer %s", model_name, current["version"])
         return False
     store.put_bytes(json.dumps(pointer, indent=2, sort_keys=True).encode(), latest_uri)

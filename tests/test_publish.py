@@ -222,3 +222,34 @@ def test_inference_service_manifest_structure(store_env, good_model_dir):
     lowered = text.lower()
     for secret_word in ("secret", "access_key", "password", store_env.config.secret_key.lower()):
         assert secret_word not in lowered
+
+
+def test_cli_publish_gates_and_publishes(
+    store_env, good_model_dir, weak_model_dir, tiny_dataset_path, tmp_path, capsys
+):
+    from pipelines.cli import main
+
+    store_env.ensure_bucket()
+    common = ["--data", str(tiny_dataset_path), "--model-name", "cli-model", "--device", "cpu"]
+    out = tmp_path / "publish-out"
+    assert (
+        main(["publish", "--model", str(weak_model_dir), *common, "--run-id", "r1", "--output-dir", str(out)])
+        == 0
+    )
+    first = json.loads(capsys.readouterr().out)
+    assert first["published"] and first["uri"] == store_env.root_uri("models", "cli-model", first["version"])
+    assert sorted(p.name for p in out.iterdir()) == ["gate.json", "inference_service.yaml", "model_card.md"]
+
+    assert (
+        main(["publish", "--model", str(good_model_dir), *common, "--run-id", "r2", "--min-accuracy", "0.5"])
+        == 0
+    )
+    second = json.loads(capsys.readouterr().out)
+    assert latest_version("cli-model", store=store_env)["version"] == second["version"] != first["version"]
+
+    assert (
+        main(["publish", "--model", str(weak_model_dir), *common, "--run-id", "r3"]) == 3
+    )  # gate keeps the champion
+    refused = json.loads(capsys.readouterr().out)
+    assert not refused["published"] and refused["champion_version"] == second["version"]
+    assert latest_version("cli-model", store=store_env)["version"] == second["version"]

@@ -35,7 +35,7 @@ from torch import nn
 
 from cifar10_kfp.augment import Normalizer, augment_batch, epoch_generator, random_flip_mask, random_shifts
 from cifar10_kfp.checkpoint import CheckpointManager, capture_rng_state, check_compatible, restore_rng_state
-from cifar10_kfp.config import PRESET_NAMES, TrainConfig, make_config, parse_set_options
+from cifar10_kfp.config import TrainConfig, add_train_arguments, config_from_args
 from cifar10_kfp.distributed import (
     Runtime,
     all_reduce_sum,
@@ -578,41 +578,6 @@ def _warn_config_changes(saved: dict, config: TrainConfig) -> None:
 
 
 # ----------------------------------------------------------------------- command line
-
-
-def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``train`` options, shared by ``cifar10-kfp train`` and ``python -m cifar10_kfp.engine``."""
-    parser.add_argument(
-        "--data", required=True, help="prepared dataset: dataset.safetensors path, its dir, or s3:// URI"
-    )
-    parser.add_argument(
-        "--preset", choices=PRESET_NAMES, default="seed", help="starting configuration (default seed)"
-    )
-    parser.add_argument(
-        "--model", dest="architecture", default=None, help="architecture name (overrides the preset)"
-    )
-    parser.add_argument("--epochs", type=int, default=None)
-    parser.add_argument("--batch-size", type=int, default=None, help="global batch, split across processes")
-    parser.add_argument("--lr", type=float, default=None, help="peak learning rate")
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--nproc", type=int, default=1, help="DDP processes in this pod (0 = one per GPU)")
-    parser.add_argument(
-        "--checkpoint-uri", default="", help="checkpoint prefix (s3:// or local dir); resumes if present"
-    )
-    parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="override any TrainConfig field, e.g. --set label_smoothing=0.1 --set widths=32,64,128",
-    )  # fmt: skip
-    parser.add_argument("--output-dir", required=True, help="where model/, history.json and metrics.json go")
-
-
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    overrides: dict = parse_set_options(args.overrides)
-    for name in ("architecture", "epochs", "batch_size", "lr", "seed"):
-        value = getattr(args, name)
-        if value is not None:
-            overrides[name] = value
-    return make_config(args.preset, overrides)
 
 
 def get_args_parser() -> argparse.ArgumentParser:

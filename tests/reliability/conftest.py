@@ -94,3 +94,28 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         Path(target).parent.mkdir(parents=True, exist_ok=True)
         Path(target).write_text(json.dumps(FIGURES.as_dict(), indent=2, sort_keys=True))
         terminalreporter.write_line(f"figures written to {target}")
+
+
+@pytest.fixture(scope="session")
+def train_data(tmp_path_factory) -> Path:
+    from tests.reliability.training import make_dataset
+
+    return make_dataset(tmp_path_factory.mktemp("rel-data") / "dataset.safetensors")
+
+
+@pytest.fixture(scope="session")
+def reference_run(rel_server, train_data, tmp_path_factory):
+    """The uninterrupted training run every interrupted one must equal, bit for bit."""
+    from tests.reliability.harness import S3Proxy
+    from tests.reliability.training import run_reference
+
+    base = tmp_path_factory.mktemp("rel-reference")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MINIO_", "CIFAR10_KFP_"))}
+    env.update(rel_server.env())
+    env.update({"CIFAR10_KFP_PREFIX": "rel-reference/", "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"})
+    proxy = S3Proxy(rel_server.ports["s3"])
+    try:
+        uri = f"s3://{rel_server.bucket}/rel-reference/checkpoints"
+        return run_reference(env, proxy, train_data, uri, base / "out", base / "train.log")
+    finally:
+        proxy.close()

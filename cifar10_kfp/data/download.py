@@ -201,7 +201,16 @@ class _Transient(Exception):
 def _fetch_http_once(url: str, dst: Path, limits: DownloadLimits, deadline: float) -> _Hasher:
     from cifar10_kfp import __version__
 
-    request = urllib.request.Request(url, headers={"User-Agent": f"cifar10-kfp/{__version__}"})
+    headers = {"User-Agent": f"cifar10-kfp/{__version__}"}
+    parsed = urlparse(url)
+    if parsed.username is not None:  # user:password@host -> basic auth, never part of the request line
+        import base64
+
+        token = f"{unquote(parsed.username)}:{unquote(parsed.password or '')}".encode()
+        headers["Authorization"] = "Basic " + base64.b64encode(token).decode()
+        netloc = parsed.hostname + (f":{parsed.port}" if parsed.port else "")
+        url = urlunparse(parsed._replace(netloc=netloc))
+    request = urllib.request.Request(url, headers=headers)
     shown = redact_source(url)
     try:
         response = urllib.request.urlopen(request, timeout=limits.timeout_s)  # noqa: S310 - scheme checked

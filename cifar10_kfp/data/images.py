@@ -72,13 +72,22 @@ def default_workers() -> int:
 
 
 def decode_images(
-    names: list[str], blobs: list[bytes], size: int, *, workers: int | None = None
+    names: list[str],
+    blobs: list[bytes],
+    size: int,
+    *,
+    workers: int | None = None,
+    min_parallel: int = _PARALLEL_MIN,
 ) -> np.ndarray:
-    """Decode ``blobs`` (named ``names`` for errors) into uint8 [N, 3, size, size], in input order."""
+    """Decode ``blobs`` (named ``names`` for errors) into uint8 [N, 3, size, size], in input order.
+
+    Uses ``workers`` processes (default ``default_workers()``) when there are at least
+    ``min_parallel`` images; fewer are decoded in this process.
+    """
     if len(names) != len(blobs):
         raise ValueError("names and blobs differ in length")
     workers = default_workers() if workers is None else workers
-    if workers <= 1 or len(blobs) < _PARALLEL_MIN or not _can_start_workers():
+    if workers <= 1 or len(blobs) < min_parallel or not _can_start_workers():
         return _decode_chunk((names, blobs, size))
     out = np.empty((len(blobs), 3, size, size), dtype=np.uint8)
     step = min(_CHUNK_IMAGES, -(-len(blobs) // (workers * 2)))

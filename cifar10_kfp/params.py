@@ -367,17 +367,32 @@ def _normalise_json_object(text: str) -> str:
     return json.dumps(json.loads(text), sort_keys=True) if text.strip() not in ("", "{}") else ""
 
 
+def training_overrides(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The TrainConfig overrides the train step derives from pipeline values (as components/train.py does).
+
+    ``extra_hparams`` first, then every non-default knob; ``""``/``0`` keep the preset's value.
+    """
+    overrides = json.loads(values["extra_hparams"]) if str(values.get("extra_hparams", "")).strip() else {}
+    for key, name in (("architecture", "model"), ("epochs", "epochs"), ("batch_size", "batch_size"),
+                      ("lr", "learning_rate"), ("checkpoint_every", "checkpoint_every")):  # fmt: skip
+        if values.get(name):
+            overrides[key] = values[name]
+    overrides["seed"] = values.get("seed", 0)
+    return overrides
+
+
 def _check_training_config(values: Mapping[str, Any], where: str) -> None:
-    """Build the training config the train step will build, so unknown or bad overrides fail now."""
+    """Build the training config the train step will build, so bad combinations fail now, not on a GPU."""
     try:
         from cifar10_kfp.config import make_config
     except ImportError:
         return  # the training library is not installed here; the train step checks again
-    overrides = json.loads(values["extra_hparams"]) if values["extra_hparams"] else {}
+    trial = {key: values[key] for key in TRIAL_KEYS} | {"checkpoint_every": values.get("checkpoint_every", 0)}
     try:
-        make_config(values["preset"], overrides)
+        make_config(values["preset"], training_overrides(trial)).model_config()  # model_config checks widths
     except (ValueError, TypeError) as exc:
-        raise ValueError(f"{where}extra_hparams={values['extra_hparams']!r} is not valid: {exc}") from None
+        shown = {k: trial[k] for k in ("preset", "model", "extra_hparams") if trial[k]}
+        raise ValueError(f"{where}training settings {shown} are not a valid combination: {exc}") from None
 
 
 def _validate_trials(values: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -1,0 +1,202 @@
+"""Run a pipeline on this machine with ``kfp.local.SubprocessRunner``, on a real S3 store.
+
+``run_local(pipeline="training", params={...}) -> dict`` is the Python API (notebooks call it);
+``cifar10-kfp run-local`` is the command (``make run`` calls it). Both run the *same* pipeline
+definition that ``compile`` writes for Kubeflow, built with ``ClusterPolicy.for_local``: the
+only differences are the object-store endpoint (the local one) and no task retries.
+
+The object store is ``MINIO_ENDPOINT`` when that is set, otherwise an embedded SeaweedFS server
+started for the run (its variables are exported to the step subprocesses through
+``os.environ``) and stopped at the end, even on failure.
+
+kfp.local 2.17 behaviour this relies on (checked in its source): ``dsl.ExitHandler`` tasks run
+after the body, with ``PipelineTaskFinalStatus``; ``dsl.If``/``dsl.Else`` and ``ParallelFor``
+(at most 2 iterations at a time) and ``dsl.Collected`` run; ``PIPELINE_JOB_ID_PLACEHOLDER``
+becomes a random id shared by the run's tasks; resource, accelerator and Kubernetes platform
+settings (secrets, tolerations) are ignored with a warning; ``set_env_variable`` applies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+DEFAULT_OUTPUT_ROOT = Path("local_outputs")
+SUMMARY_TASK = "write-run-summary"
+
+
+@contextlib.contextmanager
+def object_store_env(data_dir: str | os.PathLike | None = None) -> Iterator[dict[str, str]]:
+    """Yield the MINIO_* settings to use; start (and always stop) an embedded store if none is set."""
+    if os.environ.get("MINIO_ENDPOINT"):
+        yield {k: v for k, v in os.environ.items() if k.startswith("MINIO_")}
+        return
+    from cifar10_kfp.embedded_store import EmbeddedObjectStore
+
+    server = EmbeddedObjectStore(data_dir)
+    server.start()
+    saved = {key: os.environ.get(key) for key in server.env()}
+    try:
+        os.environ.update(server.env())  # kfp.local's subprocesses inherit os.environ
+        log.info("started an embedded S3 server on %s (data in %s)", server.endpoint, server.data_dir)
+        yield server.env()
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        server.stop()
+        if data_dir is None:
+            server.close()
+
+
+@contextlib.contextmanager
+def named_output_conditions() -> Iterator[None]:
+    """Let kfp.local 2.17 evaluate ``dsl.If`` on a *named* task output (e.g. ``gate.outputs["passed"]``).
+
+    Its ``ConditionEvaluator`` turns ``pipelinechannel--gate-model-passed`` into a task-output
+    lookup only for outputs called ``Output``; for any other name it looks for a parent input,
+    logs "Could not resolve CEL parameter" and evaluates the condition to False, silently
+    skipping the branch (the publish step). This resolves ``<task>-<output>`` against the
+    outputs the run has produced, walking up the enclosing DAGs, before falling back to kfp's
+    own resolution. Scoped to ``run_local``; kfp is pinned to 2.17.3.
+    """
+    from kfp.local.orchestrator import enhanced_dag_orchestrator as orchestrator
+
+    evaluator = orchestrator.ConditionEvaluator
+    original = evaluator.__dict__["_resolve_pipeline_channel"]
+
+    def resolve(channel_ref: str, io_store):
+        wanted = channel_ref.replace("pipelinechannel--", "", 1)
+        scope = io_store
+        while scope is not None:
+            for task, outputs in scope._task_output_data.items():
+                for key, value in outputs.items():
+                    if f"{task}-{key}" == wanted:
+                        return value
+            scope = scope._parent
+        return original.__func__(channel_ref, io_store)
+
+    evaluator._resolve_pipeline_channel = staticmethod(resolve)
+    try:
+        yield
+    finally:
+        evaluator._resolve_pipeline_channel = original
+
+
+def _resolve_params(pipeline: str, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split into run-time parameters (validated, typed, complete) and compile-time settings."""
+    from cifar10_kfp.params import BUILD_PARAMS, validate_build_params, validate_pipeline_params
+
+    build_names = {p.name for p in BUILD_PARAMS[pipeline]}
+    build = validate_build_params({k: v for k, v in params.items() if k in build_names}, pipeline)
+    run = {k: v for k, v in params.items() if k not in build_names}
+    # Validate here too: a bad value fails before a server starts; the pipeline validates again.
+    return validate_pipeline_params(run, pipeline), build
+
+
+def _find_task_dir(run_root: Path, task: str) -> Path | None:
+    matches = sorted(run_root.glob(f"*/{task}"), key=lambda p: p.stat().st_mtime)
+    return matches[-1] if matches else None
+
+
+def _read_summary(run_root: Path) -> dict | None:
+    """The JSON the exit-handler task wrote (its ``summary`` output artifact), if it ran."""
+    task_dir = _find_task_dir(run_root, SUMMARY_TASK)
+    if task_dir is None or not (task_dir / "summary").is_file():
+        return None
+    return json.loads((task_dir / "summary").read_text())
+
+
+def run_local(
+    pipeline: str = "training",
+    params: dict[str, Any] | None = None,
+    *,
+    output_root: str | os.PathLike = DEFAULT_OUTPUT_ROOT,
+    summary_json: str | os.PathLike | None = None,
+    store_data_dir: str | os.PathLike | None = None,
+) -> dict:
+    """Run ``pipeline`` locally; return the run summary (see ``cifar10-kfp run-local --help``).
+
+    Never raises for a pipeline failure: the summary's ``status`` is ``"FAILED"`` and ``error``
+    says which task failed. Raises ``ValueError`` for bad parameters, before anything starts.
+    """
+    from kfp import local
+
+    from pipelines.catalog import build, resolve
+    from pipelines.policy import ClusterPolicy
+
+    short = resolve(pipeline)
+    values, build_params = _resolve_params(short, dict(params or {}))
+    run_root = Path(output_root).resolve() / f"{short}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    run_root.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    error = ""
+    with object_store_env(store_data_dir) as store_env:
+        endpoint = store_env["MINIO_ENDPOINT"]
+        secure = store_env.get("MINIO_SECURE", "false").lower() in ("1", "true", "yes")
+        pipeline_func = build(short, ClusterPolicy.for_local(endpoint, minio_secure=secure), **build_params)
+        local.init(
+            runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(run_root), raise_on_error=True
+        )
+        try:
+            with named_output_conditions():
+                pipeline_func(**values)
+        except (
+            RuntimeError
+        ) as exc:  # kfp.local: "Pipeline ... finished with status FAILURE. Inner task failed: ..."
+            error = _plain(str(exc))
+        summary = _read_summary(run_root)
+    if summary is None:
+        summary = {"status": "FAILED", "metrics": {}, "published": None, "artifacts": {}}
+        error = error or "the run-summary task did not run"
+    summary["status"] = "FAILED" if error else summary.get("status", "FAILED")
+    if error:
+        summary["error"] = error if not summary.get("error") else f"{error} ({summary['error']})"
+    summary.update(
+        pipeline=f"cifar10-{short}",
+        parameters={**values, **build_params},
+        local_root=str(run_root),
+        wall_s=round(time.monotonic() - started, 1),
+    )
+    summary.setdefault("published", None)
+    if summary_json:
+        path = Path(summary_json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    return summary
+
+
+def _plain(text: str) -> str:
+    """Strip the ANSI colours kfp.local puts in its messages."""
+    import re
+
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+def format_summary(summary: dict) -> str:
+    """The final table ``run-local`` prints: status, metrics and where everything is."""
+    rows = [("status", summary.get("status", "?")), ("pipeline", summary.get("pipeline", ""))]
+    if summary.get("error"):
+        rows.append(("error", summary["error"]))
+    for key, value in sorted((summary.get("metrics") or {}).items()):
+        rows.append((key, f"{value:.4f}" if isinstance(value, float) else json.dumps(value)))
+    published = summary.get("published")
+    rows.append(("published", f"{published['uri']} (version {published['version']})" if published else "no"))
+    for key, value in sorted((summary.get("artifacts") or {}).items()):
+        if value:
+            rows.append((key, str(value)))
+    if summary.get("local_root"):
+        rows.append(("local outputs", summary["local_root"]))
+    width = max(len(k) for k, _ in rows)
+    line = "-" * min(100, width + 60)
+    return "\n".join([line, *(f"{k:<{width}}  {v}" for k, v in rows), line])

@@ -253,3 +253,15 @@ def test_cli_publish_gates_and_publishes(
     refused = json.loads(capsys.readouterr().out)
     assert not refused["published"] and refused["champion_version"] == second["version"]
     assert latest_version("cli-model", store=store_env)["version"] == second["version"]
+
+
+def test_gate_fails_clearly_when_the_champion_cannot_be_compared(store_env, good_model_dir, tmp_path):
+    from cifar10_kfp.data.format import save_prepared
+    from tests.conftest import make_tiny_dataset
+
+    store_env.ensure_bucket()
+    _publish(good_model_dir, store_env)  # a 4-class champion
+    other = save_prepared(make_tiny_dataset(num_classes=3), tmp_path / "three" / "dataset.safetensors")
+    decision = run_gate(0.99, other, min_accuracy=0.0, model_name="tiny", store=store_env)
+    assert not decision.passed
+    assert "cannot be compared on this dataset" in decision.reason and "do not match" in decision.reason

@@ -41,7 +41,12 @@ def test_cli_over_http_reports_cache_misses_then_hits(store_env, official_archiv
         first = capsys.readouterr().out
         assert main([*argv, "--output", str(tmp_path / "b" / "dataset.safetensors"), "--json"]) == 0
         second = json.loads(capsys.readouterr().out)
+        # Another seed: the archive comes from the object store, only the preprocessing runs again.
+        assert main([*argv[:-1], "4", "--output", str(tmp_path / "c" / "dataset.safetensors"), "--json"]) == 0
+        third = json.loads(capsys.readouterr().out)
         assert server.fetches("cifar-10-python.tar.gz") == 1
+    assert third["download_cache_hit"] and not third["prepared_cache_hit"]
+    assert third["prepared_cache_uri"] != second["prepared_cache_uri"]
     assert "classes     10: airplane, automobile" in first
     assert "images      train 80, val 20, test 20 (32x32)" in first
     assert "cache       archive miss (fetched and stored); prepared miss (decoded and stored)" in first

@@ -1,0 +1,139 @@
+"""Preprocess speed: the real JPEG archive (parallel vs one process) and the official pickled format.
+
+Run alone: ``.venv/bin/python -m benchmarks.bench_preprocess [--quick]``. Ratios are measured
+side by side in one run: parallel decode vs the same decode in one process, and the official
+format's reshape vs a plain memory copy of the same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_ARCHIVE = ROOT.parent / "shared" / "datasets" / "cifar10-jpeg.tar.gz"
+
+
+def _cpu_s() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@contextmanager
+def _workers(value: str | None):
+    old = os.environ.get("CIFAR10_KFP_DECODE_WORKERS")
+    if value is not None:
+        os.environ["CIFAR10_KFP_DECODE_WORKERS"] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("CIFAR10_KFP_DECODE_WORKERS", None)
+        else:
+            os.environ["CIFAR10_KFP_DECODE_WORKERS"] = old
+
+
+def _timed_prepare(archive: Path, max_train: int, max_test: int) -> tuple[float, float, object]:
+    from cifar10_kfp.data.preprocess import prepare_dataset
+
+    wall, cpu = time.perf_counter(), _cpu_s()
+    dataset, _ = prepare_dataset(
+        str(archive), val_fraction=0.0, max_train_samples=max_train, max_test_samples=max_test, cache=False
+    )
+    return time.perf_counter() - wall, _cpu_s() - cpu, dataset
+
+
+def _official_archive(dataset, folder: Path) -> Path:
+    """The decoded pixels written in the exact official layout (tests.datagen's Python 2 pickles)."""
+    import tarfile
+
+    from tests.datagen import _py2_pickle
+
+    images = dataset.train_images.reshape(len(dataset.train_images), -1)
+    labels = dataset.train_labels.tolist()
+    bounds = [round(i * len(labels) / 5) for i in range(6)]
+    files = {}
+    for i in range(5):
+        part = slice(bounds[i], bounds[i + 1])
+        files[f"data_batch_{i + 1}"] = {
+            b"batch_label": b"training",
+            b"labels": labels[part],
+            b"data": images[part],
+        }
+    test = dataset.test_images.reshape(len(dataset.test_images), -1)
+    files["test_batch"] = {b"batch_label": b"testing", b"labels": dataset.test_labels.tolist(), b"data": test}
+    files["batches.meta"] = {b"label_names": [c.encode() for c in dataset.class_names], b"num_vis": 3072}
+    out = folder / "cifar-10-python.tar.gz"
+    with tarfile.open(out, "w:gz", compresslevel=1) as tar:
+        for name, obj in files.items():
+            path = folder / name
+            path.write_bytes(_py2_pickle(obj))
+            tar.add(path, arcname=f"cifar-10-batches-py/{name}")
+    return out
+
+
+def run(quick: bool = False, archive: Path | None = None, smoke: bool = False) -> dict:
+    """Measured figures (seconds, images/s, ratios) as a flat dict."""
+    import numpy as np
+
+    from cifar10_kfp.data import official
+
+    archive = Path(archive or DEFAULT_ARCHIVE)
+    if not archive.is_file():
+        return {"skipped": f"real CIFAR-10 archive not found at {archive}"}
+    max_train, max_test = (2000, 500) if smoke else (10000, 2000) if quick else (0, 0)
+    parallel_s, parallel_cpu, dataset = _timed_prepare(archive, max_train, max_test)
+    with _workers("1"):
+        serial_s, serial_cpu, _ = _timed_prepare(archive, max_train, max_test)
+    n = len(dataset.train_labels) + len(dataset.test_labels)
+    figures = {
+        "images": n,
+        "jpeg_parallel_s": parallel_s,
+        "jpeg_parallel_cpu_s": parallel_cpu,
+        "jpeg_parallel_images_per_s": n / parallel_s,
+        "jpeg_serial_s": serial_s,
+        "jpeg_serial_cpu_s": serial_cpu,
+        "parallel_speedup": serial_s / parallel_s,
+        "workers": __import__("cifar10_kfp.data.images", fromlist=["x"]).default_workers(),
+    }
+    with tempfile.TemporaryDirectory(prefix="bench-preprocess-") as tmp:
+        official_archive = _official_archive(dataset, Path(tmp))
+        official_s, official_cpu, again = _timed_prepare(official_archive, 0, 0)
+        assert np.array_equal(again.train_images, dataset.train_images)
+    rows = dataset.train_images.reshape(len(dataset.train_images), -1)
+    start = time.perf_counter()
+    shaped = official.batch_arrays("bench", {"data": rows, "labels": dataset.train_labels.tolist()})[0]
+    reshape_s = time.perf_counter() - start
+    start = time.perf_counter()
+    copied = rows.copy()
+    copy_s = time.perf_counter() - start
+    assert shaped.shape[0] == copied.shape[0]
+    figures.update(
+        official_s=official_s,
+        official_cpu_s=official_cpu,
+        official_images_per_s=n / official_s,
+        official_reshape_s=reshape_s,
+        memcpy_s=copy_s,
+        reshape_vs_memcpy=reshape_s / copy_s if copy_s else None,
+    )
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="10,000 train + 2,000 test images instead of all"
+    )
+    parser.add_argument("--archive", type=Path, default=None, help="the real CIFAR-10 JPEG archive")
+    args = parser.parse_args()
+    print(json.dumps(run(quick=args.quick, archive=args.archive), indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -16,6 +16,7 @@ import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 
 import numpy as np
 
@@ -59,15 +60,38 @@ def _decode_chunk(args: tuple[list[str], list[bytes], int]) -> np.ndarray:
     return out
 
 
+def _cgroup_cpu_limit() -> int | None:
+    """The container's CPU quota (cgroup v2 ``cpu.max`` or v1 ``cfs_quota``), rounded up; None if unlimited."""
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            return max(1, -(-int(quota) // int(period)))
+        return None
+    except (OSError, ValueError):
+        pass
+    try:
+        quota = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
+        period = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+        return max(1, -(-quota // period)) if quota > 0 and period > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
 def default_workers() -> int:
-    """``CIFAR10_KFP_DECODE_WORKERS``, else the CPUs this process may use (at most 16)."""
+    """``CIFAR10_KFP_DECODE_WORKERS``, else the CPUs this process may use (affinity and a pod's CPU limit), <= 16."""
     raw = os.environ.get("CIFAR10_KFP_DECODE_WORKERS", "").strip()
     if raw:
-        return max(1, int(raw))
+        try:
+            return max(1, int(raw))
+        except ValueError:
+            raise ValueError(f"CIFAR10_KFP_DECODE_WORKERS={raw!r} is not an integer") from None
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         cpus = os.cpu_count() or 1
+    limit = _cgroup_cpu_limit()  # on Kubernetes the node's CPUs are visible, the pod's limit is not
+    if limit is not None:
+        cpus = min(cpus, limit)
     return max(1, min(cpus, 16))
 
 

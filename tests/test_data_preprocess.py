@@ -307,3 +307,15 @@ def test_metadata_describes_the_file(official, tmp_path, no_store):
     ):
         assert key in meta
     assert meta["preprocess_version"] == 1 and meta["max_train_samples"] == 50 and meta["seed"] == 0
+
+
+def test_decode_workers_setting(monkeypatch):
+    from cifar10_kfp.data.images import default_workers
+
+    monkeypatch.setenv("CIFAR10_KFP_DECODE_WORKERS", "3")
+    assert default_workers() == 3
+    monkeypatch.setenv("CIFAR10_KFP_DECODE_WORKERS", "many")
+    with pytest.raises(ValueError, match="CIFAR10_KFP_DECODE_WORKERS='many'"):
+        default_workers()
+    monkeypatch.delenv("CIFAR10_KFP_DECODE_WORKERS")
+    assert 1 <= default_workers() <= min(16, len(__import__("os").sched_getaffinity(0)))

@@ -60,37 +60,42 @@ def object_store_env(data_dir: str | os.PathLike | None = None) -> Iterator[dict
 
 
 @contextlib.contextmanager
-def named_output_conditions() -> Iterator[None]:
-    """Let kfp.local 2.17 evaluate ``dsl.If`` on a *named* task output (e.g. ``gate.outputs["passed"]``).
+def named_task_outputs() -> Iterator[None]:
+    """Let kfp.local 2.17 resolve *named* task outputs in ``dsl.If`` conditions and ``ParallelFor`` items.
 
-    Its ``ConditionEvaluator`` turns ``pipelinechannel--gate-model-passed`` into a task-output
-    lookup only for outputs called ``Output``; for any other name it looks for a parent input,
-    logs "Could not resolve CEL parameter" and evaluates the condition to False, silently
-    skipping the branch (the publish step). This resolves ``<task>-<output>`` against the
-    outputs the run has produced, walking up the enclosing DAGs, before falling back to kfp's
-    own resolution. Scoped to ``run_local``; kfp is pinned to 2.17.3.
+    Its enhanced orchestrator turns a channel such as ``pipelinechannel--gate-model-passed`` into
+    a task-output lookup only when the output is called ``Output``; for any other name it looks
+    for a parent (DAG) input of that name. For a condition the miss is logged ("Could not resolve
+    CEL parameter") and the condition is taken as False, silently skipping the branch (publish);
+    for ``ParallelFor(items=task.outputs["trials"])`` it raises "Parent pipeline input argument
+    ... not found". Both lookups end in ``IOStore.get_parent_input``; on a miss, this resolves
+    ``[pipelinechannel--]<task>-<output>`` against the outputs the run has produced, walking up
+    the enclosing DAGs. A key that resolved before resolves the same way. Scoped to
+    ``run_local``; kfp is pinned to 2.17.3.
     """
-    from kfp.local.orchestrator import enhanced_dag_orchestrator as orchestrator
+    from kfp.local import io
 
-    evaluator = orchestrator.ConditionEvaluator
-    original = evaluator.__dict__["_resolve_pipeline_channel"]
+    original = io.IOStore.get_parent_input
 
-    def resolve(channel_ref: str, io_store):
-        wanted = channel_ref.replace("pipelinechannel--", "", 1)
-        scope = io_store
-        while scope is not None:
-            for task, outputs in scope._task_output_data.items():
-                for key, value in outputs.items():
-                    if f"{task}-{key}" == wanted:
-                        return value
-            scope = scope._parent
-        return original.__func__(channel_ref, io_store)
+    def get_parent_input(self, key: str):
+        try:
+            return original(self, key)
+        except ValueError:
+            wanted = key.removeprefix("pipelinechannel--")
+            scope = self
+            while scope is not None:
+                for task, outputs in scope._task_output_data.items():
+                    for name, value in outputs.items():
+                        if f"{task}-{name}" == wanted:
+                            return value
+                scope = scope._parent
+            raise
 
-    evaluator._resolve_pipeline_channel = staticmethod(resolve)
+    io.IOStore.get_parent_input = get_parent_input
     try:
         yield
     finally:
-        evaluator._resolve_pipeline_channel = original
+        io.IOStore.get_parent_input = original
 
 
 def _resolve_params(pipeline: str, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -149,7 +154,7 @@ def run_local(
             runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(run_root), raise_on_error=True
         )
         try:
-            with named_output_conditions():
+            with named_task_outputs():
                 pipeline_func(**values)
         except (
             RuntimeError

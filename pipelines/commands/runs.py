@@ -1,0 +1,95 @@
+"""``cifar10-kfp runs``: recent runs with their key metrics side by side."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+HELP = "list recent KFP runs with their key metrics (test accuracy, published version) side by side"
+COLUMNS = ("created", "state", "test_acc", "val_acc", "published", "name", "run id")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", required=True, help="KFP API URL, e.g. http://localhost:8080")
+    parser.add_argument(
+        "--namespace", default="kubeflow", help="KFP namespace (your profile in multi-user mode)"
+    )
+    parser.add_argument("--experiment", default=None, help="only runs of this experiment")
+    parser.add_argument("--limit", type=int, default=20, help="how many runs (newest first, default 20)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def read_run_summary(run_id: str, store=None) -> dict | None:
+    """The summary the run's exit handler wrote to ``<root>/runs/<run_id>/summary.json``, if readable.
+
+    Metrics live in the object store (and in KFP's metadata store), not in the runs API, so this
+    needs the MINIO_* variables; without them the metric columns stay empty.
+    """
+    import os
+
+    from cifar10_kfp.storage import ObjectNotFound, ObjectStore, StorageError
+
+    if store is None and not os.environ.get("MINIO_ENDPOINT"):
+        return None
+    store = store or ObjectStore()
+    try:
+        return json.loads(store.get_bytes(store.root_uri("runs", run_id, "summary.json")))
+    except (ObjectNotFound, StorageError, ValueError):
+        return None
+
+
+def collect(
+    client, *, experiment_id: str | None, namespace: str | None, limit: int, store=None
+) -> list[dict]:
+    response = client.list_runs(
+        experiment_id=experiment_id,
+        namespace=None if experiment_id else namespace,
+        page_size=limit,
+        sort_by="created_at desc",
+    )
+    rows = []
+    for run in response.runs or []:
+        summary = read_run_summary(run.run_id, store) or {}
+        metrics = summary.get("metrics") or {}
+        published = summary.get("published") or {}
+        rows.append(
+            {
+                "run_id": run.run_id,
+                "name": run.display_name,
+                "state": str(run.state or ""),
+                "created": str(run.created_at or "")[:19].replace("T", " "),
+                "test_accuracy": metrics.get("test_accuracy"),
+                "val_acc": metrics.get("val_acc"),
+                "published": published.get("version", ""),
+            }
+        )
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    def cell(row: dict, column: str) -> str:
+        value = {
+            "created": row["created"], "state": row["state"], "name": row["name"], "run id": row["run_id"],
+            "test_acc": row["test_accuracy"], "val_acc": row["val_acc"], "published": row["published"] or "-",
+        }[column]  # fmt: skip
+        if isinstance(value, float):
+            return f"{value:.4f}"
+        return "-" if value is None or value == "" else str(value)
+
+    table = [list(COLUMNS)] + [[cell(r, c) for c in COLUMNS] for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip() for line in table)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipelines.kfp_client import make_client
+
+    client = make_client(args.host, args.namespace)
+    experiment_id = None
+    if args.experiment:
+        experiment_id = client.get_experiment(
+            experiment_name=args.experiment, namespace=args.namespace
+        ).experiment_id
+    rows = collect(client, experiment_id=experiment_id, namespace=args.namespace, limit=args.limit)
+    print(json.dumps(rows, indent=2) if args.json else (format_table(rows) if rows else "no runs"))
+    return 0

@@ -11,11 +11,14 @@ content is parsed.
 
 from __future__ import annotations
 
+import logging
 import posixpath
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from cifar10_kfp.data.archives import ArchiveError, ArchiveMember
+
+log = logging.getLogger(__name__)
 
 CIFAR10_PYTHON = "cifar10-python"
 IMAGE_FOLDER = "image-folder"
@@ -94,6 +97,7 @@ def _join(root: str, rest: str) -> str:
 def index_image_folder(archive: str, members: list[ArchiveMember], root: str) -> ImageFolderIndex:
     """Group image members by split and class; reject stray files and empty class folders, naming them."""
     per_split: dict[str, dict[str, list[str]]] = {s: {} for s in SPLIT_DIRS}
+    ignored: set[str] = set()
     for member in members:
         if is_junk(member.name) or member.kind == "symlink":
             continue
@@ -102,6 +106,13 @@ def index_image_folder(archive: str, members: list[ArchiveMember], root: str) ->
             continue
         rel = member.name[len(prefix) :].split("/")
         if rel[0] not in SPLIT_DIRS:
+            if rel[0] not in ignored and len(rel) > 1:
+                ignored.add(rel[0])
+                log.warning(
+                    "%s: ignoring %r: only train/ and test/ are read (validation comes out of train/)",
+                    archive,
+                    _join(root, rel[0] + "/"),
+                )
             continue
         split = rel[0]
         if member.kind == "dir":

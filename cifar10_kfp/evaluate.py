@@ -231,8 +231,13 @@ def evaluate_model(
     ``params`` are shown in the report; the model's training config (``ModelInfo.extra``) is added.
     """
     from cifar10_kfp.data.format import load_prepared
-    from cifar10_kfp.models import load_model
+    from cifar10_kfp.models import INFO_FILE, load_model
+    from cifar10_kfp.storage import is_remote
 
+    if not is_remote(model_dir_or_uri) and not (Path(model_dir_or_uri) / INFO_FILE).is_file():
+        raise FileNotFoundError(
+            f"{model_dir_or_uri} is not a model directory: it has no {INFO_FILE} (expected model.safetensors + {INFO_FILE})"
+        )
     device = torch.device(device) if device is not None else default_device()
     model, info = load_model(model_dir_or_uri, device=device)
     dataset = load_prepared(data_path_or_uri)
@@ -240,7 +245,7 @@ def evaluate_model(
     result = evaluate_loaded(
         model, info, images, labels, dataset.class_names, tta=tta, batch_size=batch_size, device=device
     )
-    if history_path is None and not str(model_dir_or_uri).startswith(("s3://", "minio://")):
+    if history_path is None and not is_remote(model_dir_or_uri):
         candidate = Path(model_dir_or_uri) / "history.json"
         history_path = candidate if candidate.is_file() else None
     result.history = load_history(history_path) if history_path else []

@@ -355,22 +355,22 @@ def build_card(info, *, model_name, version, uri, metrics, dataset_digest, param
 
 
 def card_markdown(card: dict) -> str:
-    from cifar10_kfp.report import _md
+    from cifar10_kfp.report import md_escape
 
     def rows(mapping):
-        return [f"| {_md(k)} | {_md(json.dumps(v, default=str) if isinstance(v, (dict, list)) else v)} |"
+        return [f"| {md_escape(k)} | {md_escape(json.dumps(v, default=str) if isinstance(v, (dict, list)) else v)} |"
                 for k, v in sorted(mapping.items())]  # fmt: skip
 
     lines = [
-        f"# Model card: {_md(card['model_name'])} {_md(card['version'])}",
+        f"# Model card: {md_escape(card['model_name'])} {md_escape(card['version'])}",
         "",
-        f"- URI: `{_md(card['uri'])}`",
-        f"- Created: {_md(card['created'])}; KFP run: `{_md(card['kfp_run_id'] or '-')}`; "
-        f"code version: {_md(card['code_version'])}",
-        f"- Architecture: `{_md(card['architecture'])}`, {len(card['class_names'])} classes, "
+        f"- URI: `{md_escape(card['uri'])}`",
+        f"- Created: {md_escape(card['created'])}; KFP run: `{md_escape(card['kfp_run_id'] or '-')}`; "
+        f"code version: {md_escape(card['code_version'])}",
+        f"- Architecture: `{md_escape(card['architecture'])}`, {len(card['class_names'])} classes, "
         f"{card['image_size']}x{card['image_size']} RGB input",
-        f"- Dataset digest: `{_md(card['dataset_digest'] or '-')}`",
-        f"- Classes: {_md(', '.join(card['class_names']))}",
+        f"- Dataset digest: `{md_escape(card['dataset_digest'] or '-')}`",
+        f"- Classes: {md_escape(', '.join(card['class_names']))}",
         "",
         "## Metrics (test split)",
         "",

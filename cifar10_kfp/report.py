@@ -219,7 +219,7 @@ def _misclassified_grid(result) -> str:
 # ---------------------------------------------------------------------------- Markdown
 
 
-def _md(value) -> str:
+def md_escape(value) -> str:
     """Escape text for a Markdown table cell (and as HTML, since the KFP UI renders Markdown to HTML)."""
     return html.escape(str(value)).replace("|", "\\|").replace("\n", " ")
 
@@ -238,11 +238,12 @@ def render_markdown(result) -> str:
         f"| macro F1 | {result.macro_f1:.4f} |",
         f"| test images | {result.num_examples} |",
         "",
-        "Hardest classes (lowest F1): " + ", ".join(f"{_md(name)} ({m['f1']:.3f})" for name, m in worst),
+        "Hardest classes (lowest F1): "
+        + ", ".join(f"{md_escape(name)} ({m['f1']:.3f})" for name, m in worst),
     ]
     if result.model_summary:
-        lines += ["", f"Model: `{_md(result.model_summary.get('architecture', '?'))}`"]
+        lines += ["", f"Model: `{md_escape(result.model_summary.get('architecture', '?'))}`"]
     digest = result.dataset_summary.get("source_digest")
     if digest:
-        lines += ["", f"Dataset digest: `{_md(digest)}`"]
+        lines += ["", f"Dataset digest: `{md_escape(digest)}`"]
     return "\n".join(lines) + "\n"

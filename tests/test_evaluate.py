@@ -212,6 +212,7 @@ def test_cli_evaluate_writes_the_three_files(trained_model_dir, tiny_dataset_pat
 
     assert main(["evaluate", "--model", str(tmp_path / "nope"), "--data", str(tiny_dataset_path),
                  "--output-dir", str(out)]) == 2  # fmt: skip
+    assert "is not a model directory: it has no model.json" in capsys.readouterr().err
 
 
 def test_evaluate_reads_model_and_data_from_the_object_store(store_env, trained_model_dir, tiny_dataset_path):

@@ -219,7 +219,7 @@ def test_notebook_runs_end_to_end_on_the_embedded_store(real_archive, tmp_path, 
     assert result["store_stopped"]
     assert any(runs["published_version"]), "the first run must have been published"
 
-    images = [o for cell in nb.cells for o in cell.outputs if "image/png" in o.get("data", {})]
+    images = [o for cell in nb.cells for o in cell.get("outputs", []) if "image/png" in o.get("data", {})]
     assert len(images) >= 4, "accuracy per epoch, per-class accuracy, run comparison and predictions plots"
     # The committed file is untouched by the run.
     assert all(not c.get("outputs") for c in _notebook().cells if c.cell_type == "code")

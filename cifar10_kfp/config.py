@@ -250,8 +250,22 @@ def make_config(preset: str, overrides: dict | None = None) -> TrainConfig:
     values = dict(PRESETS[preset])
     for name, raw in overrides.items():
         values[name] = parse_value(name, raw)
+    _follow_overrides(values, overrides)
     values["preset"] = preset if "preset" not in overrides else values["preset"]
     return TrainConfig(**values)
+
+
+def _follow_overrides(values: dict, overrides: dict) -> None:
+    """Keep a preset's dependent defaults consistent with what the caller overrode.
+
+    The preset's warm-up never outlasts a shorter run (``fast`` with ``epochs=1`` warms up for the
+    whole run), and its ``fast_resnet`` widths do not carry over to another architecture. Values the
+    caller set explicitly are left alone, for ``validate`` to judge.
+    """
+    if "epochs" in overrides and "warmup_epochs" not in overrides:
+        values["warmup_epochs"] = min(float(values.get("warmup_epochs", 0.0)), float(values["epochs"]))
+    if "widths" not in overrides and values.get("architecture", "simple_cnn") != "fast_resnet":
+        values.pop("widths", None)
 
 
 def parse_set_options(items: list[str] | None) -> dict[str, str]:

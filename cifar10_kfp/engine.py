@@ -453,7 +453,8 @@ def _train_process(config: TrainConfig, data: str, output_dir: Path, checkpoint_
         show_bar = config.progress and runtime.is_main and sys.stdout.isatty()
         train_time = sum(row.get("train_s", 0.0) for row in history)
         elapsed_before = history[-1]["elapsed_s"] if history else 0.0
-        session_start = time.perf_counter()
+        cpu_before = history[-1].get("cpu_s", 0.0) if history else 0.0
+        session_start, session_cpu_start = time.perf_counter(), time.process_time()
         for epoch in range(start_epoch, config.epochs):
             epoch_start = time.perf_counter()
             stats, step = train_one_epoch(
@@ -484,6 +485,7 @@ def _train_process(config: TrainConfig, data: str, output_dir: Path, checkpoint_
                 "images_per_s": stats["images"] / max(epoch_train_s, 1e-9),
                 "train_s": epoch_train_s,
                 "elapsed_s": elapsed_before + time.perf_counter() - session_start,
+                "cpu_s": cpu_before + time.process_time() - session_cpu_start,  # process CPU seconds, all threads
                 "step": step,
             }
             history.append(row)

@@ -25,7 +25,7 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -73,6 +73,24 @@ class BenchContext:
         if key not in self._datasets:
             self._datasets[key] = decode_archive(self.require_archive(), max_train, max_test)
         return self._datasets[key]
+
+    def prepared_file(self, max_train: int = 0, max_test: int = 0, *, min_train: int = 0) -> Path:
+        """``dataset(max_train, max_test)`` written as a prepared-dataset file in the work dir.
+
+        ``min_train`` tiles a too-small training split (``--smoke`` archives) up to that many
+        images, so batch-sized measurements still have whole batches; never used for numbers.
+        """
+        from cifar10_kfp.data.format import save_prepared
+
+        dataset = self.dataset(max_train, max_test)
+        n = len(dataset.train_labels)
+        if n < min_train:
+            index = np.resize(np.arange(n), min_train)
+            dataset = replace(
+                dataset, train_images=dataset.train_images[index], train_labels=dataset.train_labels[index]
+            )
+        path = self.work_dir / f"prepared-{self.size}-{max_train}-{max_test}-{max(n, min_train)}.safetensors"
+        return save_prepared(dataset, path)
 
 
 # ---------------------------------------------------------------------------- rows and sections

@@ -35,12 +35,14 @@ def test_real_subset_end_to_end(real_archive, store_env, tmp_path):
 def test_real_subset_helper_is_stratified_and_cached(real_archive, tmp_path):
     import tarfile
 
-    a = make_real_subset_archive(real_archive, tmp_path / "a.tar.gz", 4, 2, seed=1)
-    b = make_real_subset_archive(real_archive, tmp_path / "b.tar.gz", 4, 2, seed=1)
+    # Same arguments as above: built once per process, then copied.
+    a = make_real_subset_archive(real_archive, tmp_path / "a.tar.gz", 30, 10, seed=0)
+    b = make_real_subset_archive(real_archive, tmp_path / "b.tar.gz", 30, 10, seed=0)
     assert a.read_bytes() == b.read_bytes()
     with tarfile.open(a) as tar:
         names = tar.getnames()
-    assert len(names) == 60 and sum("/train/cat/" in n for n in names) == 4
+    assert len(names) == len(set(names)) == 400
+    assert sum("/train/cat/" in n for n in names) == 30 and sum("/test/ship/" in n for n in names) == 10
 
 
 @pytest.mark.slow

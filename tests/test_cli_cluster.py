@@ -128,3 +128,60 @@ def test_runs_lists_newest_first_with_metrics_from_the_run_summaries(kfp_server,
     [listing] = kfp_server.requests("GET", "/runs")
     assert listing.query["sort_by"] == "created_at desc"
     assert old["run_id"] in lines[2]
+
+
+# ------------------------------------------------------------------------------------ doctor
+
+
+def _healthy_cluster(gpus: str = "8") -> dict:
+    ready = {"subsets": [{"addresses": [{"ip": "10.0.0.5"}], "ports": [{"port": 8888}]}]}
+    return {
+        "/api/v1/namespaces/kubeflow/endpoints/ml-pipeline": ready,
+        "/api/v1/namespaces/kubeflow/endpoints/seaweedfs": ready,
+        "/api/v1/namespaces/team-a/secrets/mlpipeline-minio-artifact": {
+            "data": {"accesskey": "eA==", "secretkey": "eQ=="}  # base64 of 1-char placeholders
+        },
+        "/api/v1/nodes": {"items": [
+            {"metadata": {"name": "cpu-1"}, "status": {"allocatable": {"cpu": "8"}}},
+            {"metadata": {"name": "gpu-1"}, "status": {"allocatable": {"cpu": "32", "nvidia.com/gpu": gpus}}},
+        ]},
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/trainjobs.trainer.kubeflow.org": {"kind": "CRD"},
+        "/apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes/torch-distributed": {"kind": "Runtime"},
+    }  # fmt: skip
+
+
+def test_doctor_reports_a_healthy_cluster(capsys):
+    from tests.k8s_fake_server import K8sFakeServer
+
+    with K8sFakeServer(_healthy_cluster()) as k8s:
+        rc = main(["doctor", "--kube-api", k8s.url, "--namespace", "team-a", "--num-nodes", "2"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "[OK  ] GPU nodes: 1 node(s) with nvidia.com/gpu: gpu-1 (8)" in out
+    assert "[OK  ] Kubeflow Trainer" in out and "all checks passed" in out
+    assert "eA==" not in out and "eQ==" not in out
+    paths = {r.path for r in k8s.requests}
+    assert "/api/v1/namespaces/team-a/secrets/mlpipeline-minio-artifact" in paths
+    assert "/api/v1/namespaces/kubeflow/endpoints/seaweedfs" in paths
+
+
+def test_doctor_explains_what_is_missing(capsys):
+    from tests.k8s_fake_server import K8sFakeServer
+
+    objects = _healthy_cluster(gpus="0")
+    del objects["/api/v1/namespaces/team-a/secrets/mlpipeline-minio-artifact"]
+    del objects["/apis/apiextensions.k8s.io/v1/customresourcedefinitions/trainjobs.trainer.kubeflow.org"]
+    objects["/api/v1/namespaces/kubeflow/endpoints/seaweedfs"] = {"subsets": []}
+    with K8sFakeServer(objects) as k8s:
+        rc = main(["doctor", "--kube-api", k8s.url, "--namespace", "team-a", "--num-nodes", "4"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "[FAIL] object-store secret: secret team-a/mlpipeline-minio-artifact not found" in out
+    assert "kubectl -n team-a create secret generic mlpipeline-minio-artifact" in out
+    assert "[FAIL] GPU nodes: no node has allocatable nvidia.com/gpu" in out
+    assert (
+        "[FAIL] object-store endpoint: seaweedfs.kubeflow:9000: service kubeflow/seaweedfs has no ready pods"
+        in out
+    )
+    assert "[FAIL] Kubeflow Trainer: CRD trainjobs.trainer.kubeflow.org not found" in out
+    assert "[OK  ] Kubeflow Pipelines API" in out and "4 check(s) failed" in out

@@ -1,0 +1,181 @@
+"""``cifar10-kfp doctor``: check the cluster a user is about to run on, and say how to fix what is missing."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from dataclasses import dataclass
+
+HELP = "check the Kubernetes cluster: KFP up, object-store secret and endpoint, GPU nodes, Kubeflow Trainer"
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    required: bool = True  # a failed optional check is a warning, not a failure
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--namespace", default="kubeflow", help="where runs execute (your profile namespace)")
+    parser.add_argument("--kfp-namespace", default="kubeflow", help="where Kubeflow Pipelines is installed")
+    parser.add_argument("--minio-endpoint", default=None,
+                        help="object-store host:port the steps use (default seaweedfs.kubeflow:9000)")  # fmt: skip
+    parser.add_argument("--num-nodes", type=int, default=1, help="check for Kubeflow Trainer when > 1")
+    parser.add_argument(
+        "--kube-api", default=None, help="Kubernetes API URL (default: kubeconfig / in-cluster)"
+    )
+
+
+def _api_get(api_client, path: str):
+    """GET ``path`` from the API server; ``(status, json or None)``."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        response = api_client.call_api(
+            path, "GET", auth_settings=["BearerToken"], response_type="object", _return_http_data_only=True
+        )
+        return 200, response
+    except ApiException as exc:
+        return exc.status, None
+
+
+def _service_ready(api_client, namespace: str, service: str) -> tuple[bool, str]:
+    status, endpoints = _api_get(api_client, f"/api/v1/namespaces/{namespace}/endpoints/{service}")
+    if status != 200:
+        return False, f"service {namespace}/{service} not found (HTTP {status})"
+    ready = [a for s in endpoints.get("subsets") or [] for a in s.get("addresses") or []]
+    if not ready:
+        return False, f"service {namespace}/{service} has no ready pods"
+    return True, f"service {namespace}/{service} has {len(ready)} ready pod(s)"
+
+
+def check_kfp(api_client, kfp_namespace: str) -> Check:
+    ok, detail = _service_ready(api_client, kfp_namespace, "ml-pipeline")
+    return Check("Kubeflow Pipelines API", ok, detail,
+                 f"install KFP 2.x in {kfp_namespace!r} or pass --kfp-namespace; check "
+                 f"`kubectl -n {kfp_namespace} get pods -l app=ml-pipeline`")  # fmt: skip
+
+
+def check_secret(api_client, namespace: str) -> Check:
+    from pipelines.policy import MINIO_SECRET, MINIO_SECRET_KEYS
+
+    status, secret = _api_get(api_client, f"/api/v1/namespaces/{namespace}/secrets/{MINIO_SECRET}")
+    fix = (f"create it: kubectl -n {namespace} create secret generic {MINIO_SECRET} "
+           "--from-literal=accesskey=... --from-literal=secretkey=... (see deploy/)")  # fmt: skip
+    if status == 403:
+        return Check("object-store secret", False, f"not allowed to read secret {namespace}/{MINIO_SECRET}",
+                     "ask for `get secrets` in the namespace, or check as the pipeline's service account")  # fmt: skip
+    if status != 200:
+        return Check("object-store secret", False, f"secret {namespace}/{MINIO_SECRET} not found", fix)
+    missing = sorted(set(MINIO_SECRET_KEYS) - set(secret.get("data") or {}))
+    if missing:  # only the key names are looked at; values are never read out or printed
+        return Check(
+            "object-store secret", False, f"secret {namespace}/{MINIO_SECRET} lacks key(s) {missing}", fix
+        )
+    return Check(
+        "object-store secret", True, f"secret {namespace}/{MINIO_SECRET} has accesskey and secretkey"
+    )
+
+
+def check_gpus(api_client) -> Check:
+    from pipelines.policy import GPU_RESOURCE
+
+    status, nodes = _api_get(api_client, "/api/v1/nodes")
+    if status != 200:
+        return Check(
+            "GPU nodes", False, f"cannot list nodes (HTTP {status})", "ask for `list nodes` (cluster-scoped)"
+        )
+    gpu_nodes = {}
+    for node in nodes.get("items") or []:
+        count = int(str((node.get("status") or {}).get("allocatable", {}).get(GPU_RESOURCE, "0")) or 0)
+        if count > 0:
+            gpu_nodes[node["metadata"]["name"]] = count
+    if not gpu_nodes:
+        return Check("GPU nodes", False, f"no node has allocatable {GPU_RESOURCE}",
+                     "install the NVIDIA device plugin / GPU operator, or run with num_gpus=0 (CPU)")  # fmt: skip
+    listing = ", ".join(f"{name} ({n})" for name, n in sorted(gpu_nodes.items()))
+    return Check("GPU nodes", True, f"{len(gpu_nodes)} node(s) with {GPU_RESOURCE}: {listing}")
+
+
+def check_object_store(api_client, endpoint: str) -> Check:
+    """In-cluster names (svc.namespace:port) are checked through the service's endpoints; others by TCP."""
+    host, _, port = endpoint.rpartition(":")
+    labels = host.split(".")
+    fix = f"deploy the object store, or compile with --minio-endpoint pointing at it (now {endpoint!r})"
+    if (
+        len(labels) >= 2
+        and labels[-1] not in ("com", "net", "org", "io")
+        and not host.replace(".", "").isdigit()
+    ):
+        ok, detail = _service_ready(api_client, labels[1], labels[0])
+        return Check("object-store endpoint", ok, f"{endpoint}: {detail}", fix)
+    try:
+        with socket.create_connection((host, int(port or 80)), timeout=3):
+            return Check("object-store endpoint", True, f"{endpoint} accepts connections")
+    except OSError as exc:
+        return Check("object-store endpoint", False, f"{endpoint} does not answer: {exc}", fix)
+
+
+def check_trainer(api_client, num_nodes: int) -> Check:
+    from cifar10_kfp.trainjob import DEFAULT_RUNTIME, GROUP, PLURAL, VERSION
+
+    if num_nodes <= 1:
+        return Check(
+            "Kubeflow Trainer",
+            True,
+            "not needed for num_nodes=1 (pass --num-nodes 2 to check)",
+            required=False,
+        )
+    status, _ = _api_get(
+        api_client, f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{PLURAL}.{GROUP}"
+    )
+    if status != 200:
+        return Check("Kubeflow Trainer", False, f"CRD {PLURAL}.{GROUP} not found (HTTP {status})",
+                     "install Kubeflow Trainer v2 (see docs/multi-node.md), or use num_nodes=1")  # fmt: skip
+    status, _ = _api_get(api_client, f"/apis/{GROUP}/{VERSION}/clustertrainingruntimes/{DEFAULT_RUNTIME}")
+    if status != 200:
+        return Check("Kubeflow Trainer", False, f"ClusterTrainingRuntime {DEFAULT_RUNTIME!r} not found",
+                     "install the Trainer's default runtimes (kubectl apply --server-side -k .../runtimes)")  # fmt: skip
+    return Check("Kubeflow Trainer", True, f"TrainJob CRD and runtime {DEFAULT_RUNTIME!r} present")
+
+
+def diagnose(api_client, args: argparse.Namespace) -> list[Check]:
+    from pipelines.policy import DEFAULT_MINIO_ENDPOINT
+
+    return [
+        check_kfp(api_client, args.kfp_namespace),
+        check_secret(api_client, args.namespace),
+        check_gpus(api_client),
+        check_object_store(api_client, args.minio_endpoint or DEFAULT_MINIO_ENDPOINT),
+        check_trainer(api_client, args.num_nodes),
+    ]
+
+
+def format_report(checks: list[Check]) -> str:
+    lines = []
+    for check in checks:
+        mark = "OK  " if check.ok else ("FAIL" if check.required else "WARN")
+        lines.append(f"[{mark}] {check.name}: {check.detail}")
+        if not check.ok and check.fix:
+            lines.append(f"       fix: {check.fix}")
+    failed = [c for c in checks if not c.ok and c.required]
+    lines.append("all checks passed" if not failed else f"{len(failed)} check(s) failed")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from cifar10_kfp.trainjob import load_kubernetes
+
+    try:
+        api_client = load_kubernetes(args.kube_api or "")
+    except Exception as exc:  # noqa: BLE001 - no kubeconfig and not in a pod: say so plainly
+        print(
+            f"[FAIL] Kubernetes API: cannot load a configuration ({exc})\n       fix: set KUBECONFIG or pass --kube-api"
+        )
+        return 1
+    checks = diagnose(api_client, args)
+    print(format_report(checks))
+    return 0 if all(c.ok or not c.required for c in checks) else 1

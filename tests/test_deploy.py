@@ -37,8 +37,19 @@ def _job() -> dict:
     return job
 
 
-def _train_container(job: dict) -> dict:
-    (container,) = [c for c in job["spec"]["template"]["spec"]["containers"] if c["name"] == "train"]
+def _job_config() -> dict[str, str]:
+    (config,) = [doc for doc in _documents(DEPLOY / "train-job.yaml") if doc["kind"] == "ConfigMap"]
+    return config["data"]
+
+
+def _steps(job: dict) -> list[dict]:
+    """The pod's containers in the order they run: init containers one by one, then the main one(s)."""
+    pod = job["spec"]["template"]["spec"]
+    return pod.get("initContainers", []) + pod["containers"]
+
+
+def _step(job: dict, name: str) -> dict:
+    (container,) = [c for c in _steps(job) if c["name"] == name]
     return container
 
 
@@ -78,7 +89,9 @@ def test_schema_validation_catches_a_broken_job():
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(job, KUBERNETES_VERSIONS[-1], strict=True)
     job = _job()
-    job["spec"]["template"]["spec"]["containers"][0]["gpus"] = 1  # unknown field: strict mode refuses it
+    job["spec"]["template"]["spec"]["containers"][0]["resources"]["gpus"] = (
+        1  # unknown: strict mode refuses it
+    )
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(job, KUBERNETES_VERSIONS[-1], strict=True)
 
@@ -104,6 +117,7 @@ def test_kustomize_build_renders_the_manifests():
     rendered = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
     kinds = sorted((doc["kind"], doc["metadata"]["name"]) for doc in rendered)
     assert kinds == [
+        ("ConfigMap", "cifar10-kfp-train"),
         ("Job", "cifar10-kfp-train"),
         ("Role", "cifar10-kfp-trainjobs"),
         ("RoleBinding", "cifar10-kfp-trainjobs"),
@@ -121,16 +135,23 @@ def test_kustomize_build_renders_the_manifests():
 
 
 def test_job_retries_resume_and_preemption_is_not_a_failure():
+    from pipelines.commands.publish import GATE_REFUSED
+
     spec = _job()["spec"]
     assert spec["backoffLimit"] >= 1
     assert spec["template"]["spec"]["restartPolicy"] == "Never", (
         "podFailurePolicy requires restartPolicy: Never"
     )
+    assert spec["podReplacementPolicy"] == "Failed", "never two pods writing one checkpoint"
     rules = spec["podFailurePolicy"]["rules"]
-    ignore = [r for r in rules if r["action"] == "Ignore"]
-    conditions = [c for r in ignore for c in r["onPodConditions"]]
-    assert {"type": "DisruptionTarget", "status": "True"} in conditions, "preemption must not count as failure"
-    assert all(r["action"] in ("Ignore", "FailJob", "FailIndex", "Count") for r in rules)
+    conditions = [c for r in rules if r["action"] == "Ignore" for c in r.get("onPodConditions", [])]
+    assert {"type": "DisruptionTarget", "status": "True"} in conditions, (
+        "preemption must not count as failure"
+    )
+    fail_job = [r["onExitCodes"] for r in rules if r["action"] == "FailJob"]
+    assert fail_job == [{"containerName": "publish", "operator": "In", "values": [GATE_REFUSED]}], (
+        "only the gate's refusal ends the Job without retrying; crashes and storage outages are retried"
+    )
 
 
 def _resolve(text: str, env: dict[str, str]) -> str:
@@ -139,8 +160,11 @@ def _resolve(text: str, env: dict[str, str]) -> str:
 
 
 def _container_env(container: dict) -> dict[str, str]:
-    """Name -> value as the kubelet would expand it (valueFrom entries become placeholders)."""
+    """Name -> value as the kubelet would expand it: envFrom first, then env in order (valueFrom = a placeholder)."""
     env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        assert source["configMapRef"]["name"] == "cifar10-kfp-train"
+        env.update(_job_config())
     for item in container.get("env", []):
         if "value" in item:
             env[item["name"]] = _resolve(item["value"], env)
@@ -149,66 +173,100 @@ def _container_env(container: dict) -> dict[str, str]:
     return env
 
 
-def test_job_runs_the_real_cli_train_command():
+def _parsed_steps() -> dict[str, tuple[dict, object]]:
+    """Each step's arguments, expanded as the kubelet does, parsed by the real ``cifar10-kfp`` parser."""
     from pipelines.cli import get_args_parser
 
-    container = _train_container(_job())
-    assert container["command"] == ["cifar10-kfp"], "the image's console script"
-    env = _container_env(container)
-    argv = [_resolve(arg, env) for arg in container["args"]]
-    unresolved = [arg for arg in argv if re.search(r"\$\([A-Za-z_]", arg)]
-    assert not unresolved, f"args reference variables the container does not define: {unresolved}"
     parser = get_args_parser()
-    if "train" not in parser._subparsers._group_actions[0].choices:  # noqa: SLF001
-        pytest.skip("the train subcommand (pipelines/commands/train.py) is not in this checkout yet")
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:
-        pytest.fail(f"cifar10-kfp rejects the Job's arguments {argv}: exit {exc.code}")
-    assert args.command == "train"
-    assert getattr(args, "checkpoint_uri", None) == env["CHECKPOINT_URI"]
+    out = {}
+    for container in _steps(_job()):
+        assert container["command"] == ["cifar10-kfp"], "each step runs the image's console script"
+        env = _container_env(container)
+        argv = [_resolve(arg, env) for arg in container["args"]]
+        unresolved = [arg for arg in argv if re.search(r"\$\([A-Za-z_]", arg)]
+        assert not unresolved, (
+            f"{container['name']}: args use variables the container does not define: {unresolved}"
+        )
+        try:
+            out[container["name"]] = (env, parser.parse_args(argv))
+        except SystemExit as exc:
+            pytest.fail(
+                f"cifar10-kfp rejects the {container['name']} step's arguments {argv}: exit {exc.code}"
+            )
+    return out
+
+
+def test_job_steps_are_real_cli_commands_that_hand_their_files_on():
+    steps = _parsed_steps()
+    assert [args.command for _, args in steps.values()] == ["data", "train", "publish"]
+    (_, data), (train_env, train), (publish_env, publish) = steps.values()
+    assert train.data == data.output, "train reads what prepare-data wrote"
+    assert train.checkpoint_uri == train_env["CHECKPOINT_URI"]
+    assert publish.model == f"{train.output_dir}/model", "publish takes the model directory train wrote"
+    assert publish.data == data.output
+    assert publish.model_name == _job_config()["MODEL_NAME"]
+    assert publish.min_accuracy == float(_job_config()["MIN_ACCURACY"])
+    assert data.source == _job_config()["DATASET_URI"]
+    # Files pass between steps through volumes both steps mount.
+    mounts = {c["name"]: {m["mountPath"] for m in c["volumeMounts"]} for c in _steps(_job())}
+    assert "/data" in mounts["prepare-data"] & mounts["train"] & mounts["publish"]
+    assert "/outputs" in mounts["train"] & mounts["publish"]
 
 
 def test_job_checkpoint_uri_is_fixed_for_the_life_of_the_job():
-    container = _train_container(_job())
-    env_items = {item["name"]: item for item in container["env"]}
-    uri = env_items["CHECKPOINT_URI"]["value"]
-    assert uri.startswith("s3://")
-    # The only variable part is the Job's UID: the same for every retry pod, so each retry resumes.
-    for name in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", uri):
-        field = env_items[name]["valueFrom"]["fieldRef"]["fieldPath"]
-        assert field == "metadata.labels['batch.kubernetes.io/controller-uid']"
-    assert "--checkpoint-uri=$(CHECKPOINT_URI)" in container["args"]
+    from cifar10_kfp.storage import parse_uri
+
+    train = _step(_job(), "train")
+    env_items = {item["name"]: item for item in train["env"]}
+    uri_template = env_items["CHECKPOINT_URI"]["value"]
+    # Its only per-pod input is the Job's UID: the same for every retry pod, so each retry resumes.
+    for name in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", uri_template):
+        if name in env_items:
+            field = env_items[name]["valueFrom"]["fieldRef"]["fieldPath"]
+            assert field == "metadata.labels['batch.kubernetes.io/controller-uid']"
+        else:
+            assert name in _job_config(), f"$({name}) comes from nowhere"
+    uri = _container_env(train)["CHECKPOINT_URI"].replace("<JOB_UID from fieldRef>", "0f1e2d3c-uid")
+    location = parse_uri(uri)
+    assert (location.bucket, location.key) == ("mlpipeline", "cifar10-kfp/checkpoints/job-0f1e2d3c-uid/")
 
 
 def test_job_uses_one_gpu_with_requests_and_limits():
     pod = _job()["spec"]["template"]["spec"]
-    container = _train_container(_job())
-    resources = container["resources"]
-    assert str(resources["limits"]["nvidia.com/gpu"]) == "1"
-    assert str(resources["requests"].get("nvidia.com/gpu", "1")) == "1"
-    assert {"cpu", "memory"} <= set(resources["requests"])
-    assert "memory" in resources["limits"]
+    assert str(_step(_job(), "train")["resources"]["limits"]["nvidia.com/gpu"]) == "1"
+    gpus = {c["name"]: int(c["resources"]["limits"].get("nvidia.com/gpu", 0)) for c in _steps(_job())}
+    # A pod's effective request: the largest init container, or the sum of the main containers.
+    init = [gpus[c["name"]] for c in pod["initContainers"]]
+    main = [gpus[c["name"]] for c in pod["containers"]]
+    assert max(max(init), sum(main)) == 1, f"the pod must hold exactly one GPU: {gpus}"
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
-    for c in pod.get("initContainers", []) + pod["containers"]:
-        assert {"requests", "limits"} <= set(c["resources"]), f"container {c['name']} has no requests/limits"
+    for c in _steps(_job()):
+        resources = c["resources"]
+        assert {"cpu", "memory"} <= set(resources["requests"]), c["name"]
+        assert "memory" in resources["limits"], c["name"]
+        if "nvidia.com/gpu" in resources["requests"]:
+            assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"], c["name"]
 
 
 def test_job_image_is_the_versioned_project_image(monkeypatch):
     from components import image
 
     monkeypatch.delenv("CIFAR10_KFP_IMAGE", raising=False)
-    pod = _job()["spec"]["template"]["spec"]
-    for c in pod.get("initContainers", []) + pod["containers"]:
+    for c in _steps(_job()):
         assert c["image"] == image.image(), "deploy/ must run the image `make image` pushes for this version"
 
 
-def test_job_takes_object_store_credentials_from_the_secret():
-    env = {item["name"]: item for item in _train_container(_job())["env"]}
-    assert env["MINIO_ENDPOINT"]["value"] == "seaweedfs.kubeflow:9000"
-    for name, key in (("MINIO_ACCESS_KEY", "accesskey"), ("MINIO_SECRET_KEY", "secretkey")):
-        assert "value" not in env[name]
-        assert env[name]["valueFrom"]["secretKeyRef"] == {"name": SECRET_NAME, "key": key}
+def test_job_reads_the_object_store_the_way_the_pipeline_does():
+    from pipelines.policy import DEFAULT_MINIO_ENDPOINT, MINIO_SECRET, MINIO_SECRET_KEYS
+
+    config = _job_config()
+    assert config["MINIO_ENDPOINT"] == DEFAULT_MINIO_ENDPOINT == "seaweedfs.kubeflow:9000"
+    for container in _steps(_job()):
+        env = {item["name"]: item for item in container["env"]}
+        for key, variable in MINIO_SECRET_KEYS.items():
+            assert "value" not in env[variable], f"{container['name']}: {variable} must come from the Secret"
+            assert env[variable]["valueFrom"]["secretKeyRef"] == {"name": MINIO_SECRET, "key": key}
+    assert SECRET_NAME == MINIO_SECRET
 
 
 # --- security ---
@@ -278,6 +336,9 @@ def test_no_credentials_anywhere_in_deploy():
         for doc in yaml.safe_load_all(text):
             if not doc:
                 continue
+            if doc.get("kind") == "ConfigMap":
+                leaked = [key for key in doc.get("data", {}) if CREDENTIAL_ENV.search(key)]
+                assert not leaked, f"{path.name}: credentials {leaked} in a ConfigMap; use the Secret"
             if doc.get("kind") == "Secret":
                 assert "data" not in doc, f"{path.name}: base64 data in a committed Secret"
                 assert set(doc["stringData"].values()) == {"REPLACE_ME"}, f"{path.name}: placeholders only"
@@ -295,7 +356,8 @@ def test_example_secret_has_the_keys_the_job_reads():
     assert secret["metadata"]["name"] == SECRET_NAME
     wanted = {
         item["valueFrom"]["secretKeyRef"]["key"]
-        for item in _train_container(_job())["env"]
+        for container in _steps(_job())
+        for item in container["env"]
         if "secretKeyRef" in item.get("valueFrom", {})
     }
     assert wanted == set(secret["stringData"])

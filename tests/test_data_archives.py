@@ -204,3 +204,18 @@ def test_extract_archive_writes_only_accepted_files(tmp_path):
     written = extract_archive(path, tmp_path / "out")
     assert sorted(p.relative_to(tmp_path / "out").as_posix() for p in written) == sorted(small_image_folder())
     assert all(os.path.getsize(p) > 0 for p in written)
+
+
+def test_tar_made_with_dot_root_entries_is_accepted(tmp_path):
+    """``tar czf x.tgz -C folder .`` writes ``./`` and ``./train/...`` names."""
+    folder = tmp_path / "folder"
+    for name, data in small_image_folder(root="ds").items():
+        target = folder / name.removeprefix("ds/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    path = tmp_path / "x.tgz"
+    with tarfile.open(path, "w:gz") as tar:
+        tar.add(folder, arcname=".")
+    assert tarfile.open(path).getnames()[0] == "."
+    assert verify_archive(path) == IMAGE_FOLDER
+    assert "train/cat/000.png" in {m.name for m in scan_archive(path)}

@@ -76,8 +76,12 @@ class ArchiveMember:
     size: int
 
 
-def safe_member_name(archive: str, name: str) -> str:
-    """Normalize a member name, or raise ArchiveError if it could escape the extraction root."""
+def safe_member_name(archive: str, name: str, *, allow_root: bool = False) -> str:
+    """Normalize a member name, or raise ArchiveError if it could escape the extraction root.
+
+    ``allow_root`` accepts a name that is the root itself (``./``, as ``tar -C dir .`` writes
+    for its first directory entry) and returns ``""`` for it.
+    """
     if not name or "\x00" in name or any(ord(ch) < 32 for ch in name):
         raise ArchiveError(f"{archive}: member {name!r} has an empty name or a control character")
     unified = name.replace("\\", "/")  # a backslash is a separator on Windows, so check it as one
@@ -87,13 +91,15 @@ def safe_member_name(archive: str, name: str) -> str:
     if ".." in parts:
         raise ArchiveError(f"{archive}: member {name!r} contains a '..' path segment")
     if not parts:
+        if allow_root:
+            return ""
         raise ArchiveError(f"{archive}: member {name!r} names the archive root itself")
     return "/".join(parts)
 
 
 def _check_link_target(archive: str, name: str, target: str) -> None:
     unified = target.replace("\\", "/")
-    if not unified or unified.startswith("/") or _WINDOWS_DRIVE.match(unified):
+    if "\x00" in target or not unified or unified.startswith("/") or _WINDOWS_DRIVE.match(unified):
         raise ArchiveError(f"{archive}: symlink member {name!r} points outside the archive (to {target!r})")
     resolved = posixpath.normpath(posixpath.join(posixpath.dirname(name), unified))
     if resolved == ".." or resolved.startswith("../"):
@@ -193,7 +199,9 @@ def _iter_tar(path: Path, select, limits: ArchiveLimits) -> Iterator[tuple[Archi
         with raw, tarfile.open(fileobj=raw, mode="r|") as tar:
             for info in tar:
                 current = info.name
-                name = safe_member_name(archive, info.name)
+                name = safe_member_name(archive, info.name, allow_root=info.isdir())
+                if not name:
+                    continue  # the "./" entry of `tar -C dir .`
                 if info.islnk():
                     raise ArchiveError(
                         f"{archive}: member {info.name!r} is a hard link (to {info.linkname!r}); not allowed"
@@ -248,7 +256,9 @@ def _iter_zip(path: Path, select, limits: ArchiveLimits) -> Iterator[tuple[Archi
         raise ArchiveError(f"{archive}: corrupt or truncated zip archive: {exc}") from exc
     with zf:
         for info in zf.infolist():
-            name = safe_member_name(archive, info.filename)
+            name = safe_member_name(archive, info.filename, allow_root=info.is_dir())
+            if not name:
+                continue
             mode = _zip_mode(info)
             if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
                 raise ArchiveError(

@@ -390,7 +390,7 @@ def fetch_dataset(
             f"the dataset source is empty: give a URL, s3:// URI or path (default {DEFAULT_URL})"
         )
     kind = _source_kind(source)
-    checksum = checksum.strip() or KNOWN_CHECKSUMS.get(source, "")
+    checksum = (checksum or "").strip() or KNOWN_CHECKSUMS.get(source, "")
     expected = parse_checksum(checksum)
     limits = limits or DownloadLimits.from_env()
     shown = redact_source(source)

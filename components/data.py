@@ -76,7 +76,8 @@ def preprocess_dataset(
         bucket: Object-store bucket; empty for ``CIFAR10_KFP_BUCKET``.
         storage_prefix: Key prefix; empty for ``CIFAR10_KFP_PREFIX``.
         dataset: The prepared dataset (``dataset.safetensors``). Metadata: counts, class_names,
-            mean, std, image_size, source_digest, format_version, cache_uri, cache_hit.
+            mean, std, image_size, source_digest, format_version, preprocess_version, cache_uri,
+            cache_hit.
     """
     import json
 
@@ -101,6 +102,7 @@ def preprocess_dataset(
     )
     meta = info.metadata
     keys = ("counts", "sizes", "class_names", "mean", "std", "image_size", "source_digest", "format_version")
+    keys += ("preprocess_version",)
     dataset.metadata.update({key: meta[key] for key in keys})
     dataset.metadata.update(
         source=pointer.get("source", ""),

@@ -53,6 +53,7 @@ def test_components_with_real_artifacts(store_env, official_archive, tmp_path):
     assert meta["sizes"] == {"train": 180, "val": 20, "test": 50}
     assert meta["class_names"][0] == "airplane" and len(meta["mean"]) == len(meta["std"]) == 3
     assert meta["source_digest"] == sha256 and meta["format_version"] == 1 and meta["image_size"] == 32
+    assert meta["preprocess_version"] == 1
     assert meta["cache_hit"] is False and again_dataset.metadata["cache_hit"] is True
     assert meta["cache_uri"].startswith(store_env.root_uri("prepared", sha256[:16]))
     assert Path(dataset.path).read_bytes() == Path(again_dataset.path).read_bytes()

@@ -109,11 +109,14 @@ class DownloadResult:
 
 
 def parse_checksum(checksum: str) -> tuple[str, str] | None:
-    """``"md5:HEX"`` or ``"sha256:HEX"`` -> ``(algo, hex)``; ``""`` -> None; anything else -> ValueError."""
+    """``"md5:HEX"``, ``"sha256:HEX"`` or a bare 64-digit sha256 -> ``(algo, hex)``; ``""`` -> None; else ValueError."""
     checksum = (checksum or "").strip()
     if not checksum:
         return None
     algo, sep, hexdigest = checksum.partition(":")
+    if not sep and len(checksum) == _HEX_LENGTHS["sha256"]:
+        # A bare sha256, the form of the pipelines' dataset_checksum parameter (validation strips "sha256:").
+        algo, sep, hexdigest = "sha256", ":", checksum
     algo, hexdigest = algo.strip().lower(), hexdigest.strip().lower()
     if not sep or algo not in _HEX_LENGTHS:
         raise ValueError(

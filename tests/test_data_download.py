@@ -127,6 +127,7 @@ def test_invalid_checksum_names_the_value(bad):
         "c58f30108f718f92721af3b95e74349a",
     )
     assert parse_checksum("") is None
+    assert parse_checksum("AB" * 32) == ("sha256", "ab" * 32)  # bare sha256: the pipelines' parameter form
 
 
 def test_no_network_says_so_and_how_to_use_a_local_copy(monkeypatch):

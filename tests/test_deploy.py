@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -159,17 +161,24 @@ def _resolve(text: str, env: dict[str, str]) -> str:
     return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), text)
 
 
-def _container_env(container: dict) -> dict[str, str]:
-    """Name -> value as the kubelet would expand it: envFrom first, then env in order (valueFrom = a placeholder)."""
+def _container_env(container: dict, sources: dict[str, str] | None = None) -> dict[str, str]:
+    """Name -> value as the kubelet would expand it: envFrom first, then env in order.
+
+    ``sources`` stands in for what the cluster supplies (Secret keys, the Job UID, ConfigMap edits);
+    anything it does not name stays a ``<NAME from ...>`` placeholder.
+    """
+    sources = sources or {}
     env: dict[str, str] = {}
     for source in container.get("envFrom", []):
         assert source["configMapRef"]["name"] == "cifar10-kfp-train"
-        env.update(_job_config())
+        env.update({k: sources.get(k, v) for k, v in _job_config().items()})
     for item in container.get("env", []):
         if "value" in item:
             env[item["name"]] = _resolve(item["value"], env)
         else:
-            env[item["name"]] = f"<{item['name']} from {next(iter(item['valueFrom']))}>"
+            env[item["name"]] = sources.get(
+                item["name"], f"<{item['name']} from {next(iter(item['valueFrom']))}>"
+            )
     return env
 
 
@@ -361,3 +370,62 @@ def test_example_secret_has_the_keys_the_job_reads():
         if "secretKeyRef" in item.get("valueFrom", {})
     }
     assert wanted == set(secret["stringData"])
+
+
+# --- the Job's steps, run for real (in this process, on the embedded store, with tiny data) ---
+
+
+@pytest.mark.slow
+def test_job_steps_run_in_order_and_a_retried_pod_resumes(
+    store_env, real_archive, tmp_path, monkeypatch, capsys
+):
+    """prepare-data -> train -> publish with the manifest's own arguments, then a 'retry' of the pod.
+
+    Only what a laptop cannot do is changed: the pod's volumes become temporary folders, the dataset is a
+    tiny subset of the real archive (so the ConfigMap's MIN_ACCURACY becomes 0), and train appends a
+    CPU-sized preset (argparse: the last value wins).
+    """
+    from pipelines.cli import main
+    from tests.datagen import make_real_subset_archive
+
+    archive = make_real_subset_archive(
+        real_archive, tmp_path / "subset.tar.gz", 20, 6, seed=0
+    )  # = the notebook test's
+    volumes = {"/data": tmp_path / "data", "/outputs": tmp_path / "outputs"}
+    job_uid = "5d6c0f2e-test"
+    store_settings = {k: v for k, v in os.environ.items() if k.startswith(("MINIO_", "CIFAR10_KFP_"))}
+    laptop = {"train": ["--preset=seed", "--model=simple_cnn", "--epochs=1", "--batch-size=32"]}
+
+    def run_step(name: str) -> dict:
+        container = _step(_job(), name)
+        cluster = {**store_settings, "DATASET_URI": str(archive), "MIN_ACCURACY": "0", "JOB_UID": job_uid}
+        env = _container_env(container, cluster)
+        argv = [_resolve(arg, env) for arg in container["args"]] + laptop.get(name, [])
+        for mount, folder in volumes.items():
+            argv = [arg.replace(f"={mount}", f"={folder}") for arg in argv]
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        capsys.readouterr()
+        assert main(argv) == 0, f"step {name} failed: {capsys.readouterr()}"
+        return env
+
+    run_step("prepare-data")
+    train_env = run_step("train")
+    first = json.loads((volumes["/outputs"] / "metrics.json").read_text())
+    assert first["resumed_from_epoch"] == 0
+    checkpoint_uri = train_env["CHECKPOINT_URI"]
+    assert job_uid in checkpoint_uri and store_env.list(checkpoint_uri), (
+        "train left no checkpoint to resume from"
+    )
+    run_step("publish")
+    published = [uri for uri in store_env.list(store_env.root_uri("models")) if uri.endswith("model.json")]
+    assert published, "publish stored no model"
+
+    # A retried pod starts with empty volumes but the same Job UID: data comes from the cache and
+    # training resumes at its last checkpoint instead of starting over.
+    shutil.rmtree(volumes["/data"])
+    shutil.rmtree(volumes["/outputs"])
+    run_step("prepare-data")
+    run_step("train")
+    resumed = json.loads((volumes["/outputs"] / "metrics.json").read_text())
+    assert resumed["resumed_from_epoch"] == first["epochs"] == 1

@@ -181,7 +181,9 @@ def evaluate_loaded(
     num_classes = len(class_names)
     matrix = confusion_matrix(labels_t.numpy(), predictions.numpy(), num_classes)
     per_class = per_class_metrics(matrix, class_names)
-    wrong = (predictions != labels_t).nonzero().flatten()[:max_misclassified].numpy()
+    wrong = spread_over_classes(
+        (predictions != labels_t).nonzero().flatten().numpy(), labels, max_misclassified
+    )
     misclassified = [
         {
             "index": int(i),
@@ -203,6 +205,23 @@ def evaluate_loaded(
         misclassified=misclassified,
         misclassified_images=np.asarray(images[wrong]) if len(wrong) else None,
     )
+
+
+def spread_over_classes(indices: np.ndarray, labels: np.ndarray, limit: int) -> np.ndarray:
+    """Up to ``limit`` of ``indices``, taken round-robin over their true classes, in index order.
+
+    Test sets are often sorted by class; the first N errors would all share one class.
+    """
+    labels = np.asarray(labels)
+    per_class = (
+        [list(indices[labels[indices] == c]) for c in np.unique(labels[indices])] if len(indices) else []
+    )
+    chosen: list[int] = []
+    depth = 0
+    while len(chosen) < limit and any(depth < len(group) for group in per_class):
+        chosen += [group[depth] for group in per_class if depth < len(group)][: limit - len(chosen)]
+        depth += 1
+    return np.array(sorted(chosen), dtype=np.int64)
 
 
 def check_compatible(info, class_names: list[str], image_size: int) -> None:
@@ -227,7 +246,8 @@ def evaluate_model(
 ) -> EvalResult:
     """Load a model directory and a prepared dataset, and evaluate on its test split.
 
-    ``history_path`` (a ``history.json``) defaults to the one inside the model directory, if any.
+    ``history_path`` (a ``history.json``) defaults to one in the model directory or next to it
+    (the training output layout ``<dir>/model/`` + ``<dir>/history.json``), if any.
     ``params`` are shown in the report; the model's training config (``ModelInfo.extra``) is added.
     """
     from cifar10_kfp.data.format import load_prepared
@@ -246,8 +266,9 @@ def evaluate_model(
         model, info, images, labels, dataset.class_names, tta=tta, batch_size=batch_size, device=device
     )
     if history_path is None and not is_remote(model_dir_or_uri):
-        candidate = Path(model_dir_or_uri) / "history.json"
-        history_path = candidate if candidate.is_file() else None
+        # the model dir itself, or the training output dir that holds model/ and history.json
+        candidates = [Path(model_dir_or_uri) / "history.json", Path(model_dir_or_uri).parent / "history.json"]
+        history_path = next((c for c in candidates if c.is_file()), None)
     result.history = load_history(history_path) if history_path else []
     result.params = {**(info.extra or {}), **(params or {})}
     result.model_summary = {

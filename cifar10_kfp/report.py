@@ -213,7 +213,7 @@ def _misclassified_grid(result) -> str:
         )
     shown = len(cells)
     errors = result.num_examples - sum(row[i] for i, row in enumerate(result.confusion_matrix))
-    return f'<p>The first {shown} of {errors} errors, in test-set order.</p><div class="grid">{"".join(cells)}</div>'
+    return f'<p>{shown} of {errors} errors, spread over the true classes.</p><div class="grid">{"".join(cells)}</div>'
 
 
 # ---------------------------------------------------------------------------- Markdown

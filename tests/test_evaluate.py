@@ -224,3 +224,14 @@ def test_evaluate_reads_model_and_data_from_the_object_store(store_env, trained_
     local = evaluate_model(trained_model_dir, tiny_dataset_path, tta=False, device="cpu")
     remote = evaluate_model(model_uri, data_uri, tta=False, device="cpu")
     assert remote.accuracy == local.accuracy and remote.confusion_matrix == local.confusion_matrix
+
+
+def test_misclassified_examples_are_spread_over_classes():
+    from cifar10_kfp.evaluate import spread_over_classes
+
+    labels = np.array([0] * 10 + [1] * 3 + [2] * 2)
+    wrong = np.arange(15)  # every image wrong, test set sorted by class
+    picked = spread_over_classes(wrong, labels, 5)
+    assert picked.tolist() == [0, 1, 10, 11, 13]  # two rounds over three classes, cut at five
+    assert spread_over_classes(np.array([], dtype=np.int64), labels, 5).tolist() == []
+    assert spread_over_classes(wrong, labels, 100).tolist() == list(range(15))

@@ -13,7 +13,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--data", required=True, help="prepared dataset file, its directory, or an s3:// URI")
     parser.add_argument(
-        "--history", default=None, help="history.json for the training curves (default: MODEL/history.json)"
+        "--history",
+        default=None,
+        help="history.json for the training curves (default: MODEL/history.json or MODEL/../history.json)",
     )
     parser.add_argument(
         "--output-dir", required=True, help="where metrics.json, report.html and summary.md go"

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -98,15 +99,21 @@ def named_task_outputs() -> Iterator[None]:
         io.IOStore.get_parent_input = original
 
 
-def _resolve_params(pipeline: str, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Split into run-time parameters (validated, typed, complete) and compile-time settings."""
-    from cifar10_kfp.params import BUILD_PARAMS, validate_build_params, validate_pipeline_params
+def _resolve_params(pipeline: str, params: dict[str, Any], validate: bool = True):
+    """Split into run-time parameters (typed; validated and complete unless ``validate`` is False)
+    and compile-time settings."""
+    from cifar10_kfp.params import (
+        BUILD_PARAMS,
+        coerce_params,
+        validate_build_params,
+        validate_pipeline_params,
+    )
 
     build_names = {p.name for p in BUILD_PARAMS[pipeline]}
     build = validate_build_params({k: v for k, v in params.items() if k in build_names}, pipeline)
     run = {k: v for k, v in params.items() if k not in build_names}
     # Validate here too: a bad value fails before a server starts; the pipeline validates again.
-    return validate_pipeline_params(run, pipeline), build
+    return (validate_pipeline_params(run, pipeline) if validate else coerce_params(run, pipeline)), build
 
 
 def _find_task_dir(run_root: Path, task: str) -> Path | None:
@@ -129,11 +136,14 @@ def run_local(
     output_root: str | os.PathLike = DEFAULT_OUTPUT_ROOT,
     summary_json: str | os.PathLike | None = None,
     store_data_dir: str | os.PathLike | None = None,
+    validate_first: bool = True,
 ) -> dict:
     """Run ``pipeline`` locally; return the run summary (see ``cifar10-kfp run-local --help``).
 
     Never raises for a pipeline failure: the summary's ``status`` is ``"FAILED"`` and ``error``
-    says which task failed. Raises ``ValueError`` for bad parameters, before anything starts.
+    says which task failed. Raises ``ValueError`` for bad parameters, before anything starts;
+    ``validate_first=False`` skips that early check (bad values then fail in the pipeline's own
+    validate step, as on a cluster).
     """
     from kfp import local
 
@@ -141,7 +151,7 @@ def run_local(
     from pipelines.policy import ClusterPolicy
 
     short = resolve(pipeline)
-    values, build_params = _resolve_params(short, dict(params or {}))
+    values, build_params = _resolve_params(short, dict(params or {}), validate=validate_first)
     run_root = Path(output_root).resolve() / f"{short}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     run_root.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -154,7 +164,11 @@ def run_local(
             runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(run_root), raise_on_error=True
         )
         try:
-            with named_task_outputs():
+            with named_task_outputs(), warnings.catch_warnings():
+                # Resources, accelerators, display names and Kubernetes settings are for the cluster;
+                # kfp.local warns once per task that it ignores them.
+                warnings.filterwarnings("ignore", message=".*no effect in the current local runner.*")
+                warnings.filterwarnings("ignore", message=".*custom or non-Python base image.*")
                 pipeline_func(**values)
         except (
             RuntimeError

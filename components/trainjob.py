@@ -69,14 +69,15 @@ def train_on_trainer(
 
     from cifar10_kfp.config import make_config
     from cifar10_kfp.engine import default_checkpoint_uri
+    from cifar10_kfp.params import training_overrides
     from cifar10_kfp.storage import open_store
     from cifar10_kfp.trainjob import TrainJobRequest, current_namespace, job_name, run_trainjob
 
-    overrides = json.loads(extra_hparams) if extra_hparams.strip() else {}
-    for key, value in (("architecture", architecture), ("epochs", epochs), ("batch_size", batch_size),
-                       ("lr", learning_rate), ("seed", seed), ("checkpoint_every", checkpoint_every)):  # fmt: skip
-        if value:
-            overrides[key] = value
+    # The same mapping as the single-node train step: ""/0 keep the preset's value.
+    overrides = training_overrides(
+        {"extra_hparams": extra_hparams, "model": architecture, "epochs": epochs, "batch_size": batch_size,
+         "learning_rate": learning_rate, "checkpoint_every": checkpoint_every, "seed": seed}
+    )  # fmt: skip
     config = make_config(preset, overrides)
     # default_checkpoint_uri reads the root from the environment: point it at this run's bucket/prefix.
     if bucket:

@@ -182,7 +182,13 @@ def load_kubernetes(host: str = ""):
     try:
         config.load_incluster_config()
     except config.ConfigException:
-        config.load_kube_config()
+        try:
+            config.load_kube_config()
+        except config.ConfigException as exc:
+            raise TrainJobFailed(
+                f"no Kubernetes API to create a TrainJob with ({exc}): multi-node training (num_nodes > 1) "
+                "runs on a cluster with Kubeflow Trainer; use num_nodes=1 locally"
+            ) from exc
     return client.ApiClient()
 
 

@@ -116,6 +116,20 @@ def _resolve_params(pipeline: str, params: dict[str, Any], validate: bool = True
     return (validate_pipeline_params(run, pipeline) if validate else coerce_params(run, pipeline)), build
 
 
+def local_defaults(params: dict[str, Any]) -> dict[str, Any]:
+    """On a machine without CUDA, default to the ``cpu`` preset and no GPUs (unless the caller chose)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return params
+    chosen = dict(params)
+    if "preset" not in chosen:
+        chosen["preset"] = "cpu"
+        log.info("no CUDA device: using preset=cpu (pass preset=... to choose another)")
+    chosen.setdefault("num_gpus", 0)
+    return chosen
+
+
 def _find_task_dir(run_root: Path, task: str) -> Path | None:
     matches = sorted(run_root.glob(f"*/{task}"), key=lambda p: p.stat().st_mtime)
     return matches[-1] if matches else None
@@ -140,6 +154,7 @@ def run_local(
 ) -> dict:
     """Run ``pipeline`` locally; return the run summary (see ``cifar10-kfp run-local --help``).
 
+    Without CUDA, ``preset`` defaults to ``cpu`` and ``num_gpus`` to 0 unless given.
     Never raises for a pipeline failure: the summary's ``status`` is ``"FAILED"`` and ``error``
     says which task failed. Raises ``ValueError`` for bad parameters, before anything starts;
     ``validate_first=False`` skips that early check (bad values then fail in the pipeline's own
@@ -151,7 +166,7 @@ def run_local(
     from pipelines.policy import ClusterPolicy
 
     short = resolve(pipeline)
-    values, build_params = _resolve_params(short, dict(params or {}), validate=validate_first)
+    values, build_params = _resolve_params(short, local_defaults(dict(params or {})), validate=validate_first)
     run_root = Path(output_root).resolve() / f"{short}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     run_root.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()

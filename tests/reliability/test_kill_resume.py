@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.reliability, pytest.mark.slow]
 
 KINDS = ("mid-epoch", "mid-checkpoint-upload", "after-checkpoint")
 SEED = int(os.environ.get("RELIABILITY_SEED", "7"))
-UPLOAD_WINDOW_S = 1.0  # how long the proxy stretches one checkpoint upload
+UPLOAD_WINDOW_S = 0.6  # how long the proxy stretches one checkpoint upload
 
 
 def choose_kill_points(seed: int, epochs: int, count: int = 5) -> list[tuple[int, str]]:

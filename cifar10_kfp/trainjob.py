@@ -183,7 +183,8 @@ def load_kubernetes(host: str = ""):
         config.load_incluster_config()
     except config.ConfigException:
         try:
-            config.load_kube_config()
+            # KUBECONFIG is read now, not when the kubernetes package was imported.
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
         except config.ConfigException as exc:
             raise TrainJobFailed(
                 f"no Kubernetes API to create a TrainJob with ({exc}): multi-node training (num_nodes > 1) "

@@ -159,9 +159,12 @@ class K8sFakeServer:
     """``with K8sFakeServer(objects) as k8s: ...``; point the kubernetes client at ``k8s.url``."""
 
     def __init__(self, objects: dict | None = None, *, script=None, trainer_installed: bool = True,
-                 forbidden: tuple[str, ...] = ()):  # fmt: skip
+                 forbidden: tuple[str, ...] = (), controller=None):  # fmt: skip
         self.objects = dict(objects or {})
         self.script = list(script or [])
+        # controller(server, namespace, name, manifest): plays the Trainer controller for a created job
+        # (e.g. runs the nodes' command for real and sets the conditions); runs in a thread.
+        self.controller = controller
         self.trainer_installed = trainer_installed
         self.forbidden = forbidden
         self.requests: list[Recorded] = []
@@ -195,6 +198,11 @@ class K8sFakeServer:
             self.emit(ns, name, "MODIFIED")
 
     def start_script(self, ns: str, name: str) -> None:
+        if self.controller is not None:
+            manifest = copy.deepcopy(self.trainjobs[(ns, name)])
+            threading.Thread(target=self.controller, args=(self, ns, name, manifest), daemon=True).start()
+            return
+
         def play():
             for delay, status in self.script:
                 time.sleep(delay)

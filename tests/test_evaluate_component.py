@@ -43,7 +43,10 @@ def test_evaluate_component_fills_every_ui_output(trained_model_dir, tiny_datase
 
 
 def test_evaluate_component_without_history_still_reports(trained_model_dir, tiny_dataset_path, tmp_path):  # noqa: F811
-    arts = _artifacts(tmp_path, trained_model_dir, tiny_dataset_path, tmp_path / "absent-history.json")
+    import shutil
+
+    alone = shutil.copytree(trained_model_dir, tmp_path / "alone" / "model")  # no history.json next to it
+    arts = _artifacts(tmp_path, alone, tiny_dataset_path, tmp_path / "absent-history.json")
     evaluate_model.python_func(tta=False, **arts)
     assert "accuracy_tta" not in arts["metrics"].metadata
     assert "No training history was provided." in (tmp_path / "outputs" / "report.html").read_text()

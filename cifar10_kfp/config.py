@@ -176,15 +176,15 @@ PRESETS: dict[str, dict] = {
     # GPU time-to-94%: big batch, short linear schedule, everything batched on the device.
     "fast": dict(
         preset="fast", architecture="fast_resnet", widths=(64, 256, 256), epochs=10, batch_size=1024,
-        lr=2.0, momentum=0.85, nesterov=True, weight_decay=5e-5, lr_schedule="linear", warmup_epochs=2.0,
+        lr=1.0, momentum=0.85, nesterov=True, weight_decay=5e-5, lr_schedule="linear", warmup_epochs=2.0,
         start_lr_fraction=0.1, final_lr_fraction=0.05, label_smoothing=0.2, ema_decay=0.95, ema_every=5,
         ema_start_epoch=2, flip=True, translate=2, tta=True, amp=True, channels_last=True,
         deterministic=False, checkpoint_every=2,
     ),
     # Two CPU cores: a narrow fast_resnet, channels_last (oneDNN), fp32, smaller batch for more steps.
     "cpu": dict(
-        preset="cpu", architecture="fast_resnet", widths=(32, 64, 128), epochs=16, batch_size=256,
-        lr=0.6, momentum=0.85, nesterov=True, weight_decay=5e-5, lr_schedule="linear", warmup_epochs=1.0,
+        preset="cpu", architecture="fast_resnet", widths=(32, 64, 128), epochs=12, batch_size=256,
+        lr=0.4, momentum=0.85, nesterov=True, weight_decay=1e-4, lr_schedule="linear", warmup_epochs=1.0,
         start_lr_fraction=0.1, final_lr_fraction=0.05, label_smoothing=0.2, ema_decay=0.9, ema_every=5,
         ema_start_epoch=2, flip=True, translate=2, tta=True, amp=False, channels_last=True,
     ),

@@ -21,7 +21,7 @@ TINY_RESNET = {"widths": "8,16,16", "whiten_samples": 128}
 @pytest.fixture(scope="module")
 def tiny32(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny32") / "dataset.safetensors"
-    return save_prepared(make_tiny_dataset(n_train=384, n_val=96, image_size=32, num_classes=4), path)
+    return save_prepared(make_tiny_dataset(n_train=256, n_val=64, image_size=32, num_classes=4), path)
 
 
 def _weights(result):
@@ -106,6 +106,7 @@ def test_seed_preset_short_cpu_run_learns_and_writes_outputs(tiny_dataset_path, 
     assert metrics["resumed_from_epoch"] == 0 and metrics["images_per_s"] > 0
 
 
+@pytest.mark.slow
 def test_cpu_recipe_learns_well_above_chance(tiny32, tmp_path):
     config = make_config("cpu", {"epochs": 3, "batch_size": 64, "lr": 0.2, **TINY_RESNET})
     result = train(config, tiny32, tmp_path / "out")

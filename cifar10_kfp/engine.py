@@ -485,7 +485,8 @@ def _train_process(config: TrainConfig, data: str, output_dir: Path, checkpoint_
                 "images_per_s": stats["images"] / max(epoch_train_s, 1e-9),
                 "train_s": epoch_train_s,
                 "elapsed_s": elapsed_before + time.perf_counter() - session_start,
-                "cpu_s": cpu_before + time.process_time() - session_cpu_start,  # process CPU seconds, all threads
+                # process CPU seconds (all threads): on a shared machine, cpu_s / cores is the dedicated-core time
+                "cpu_s": cpu_before + time.process_time() - session_cpu_start,
                 "step": step,
             }
             history.append(row)

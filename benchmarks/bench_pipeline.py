@@ -262,9 +262,9 @@ def run(ctx: BenchContext) -> dict:
         + ", ".join(f"{k} {v:.1f}" for k, v in tasks.items())
         + f"; {in_tasks:.1f} s inside tasks, {local_s - in_tasks:.1f} s outside them (interpreter start, "
         "compiling the pipeline, starting the object store, kfp.local's bookkeeping).",
-        f"A bare component start (new Python process importing torch, kfp and the library) costs {start_cost:.1f} s "
-        f"here; run-local pays a process start and the imports once per task ({len(tasks)} tasks), and every "
-        "task re-reads its inputs from the pipeline root and the object store.",
+        f"Every task runs in a fresh Python process: a process importing torch, kfp and the library takes "
+        f"{start_cost:.1f} s here, which the torch-using tasks (train, evaluate, gate, publish) each pay and the "
+        "in-process run pays once; every task also re-reads its inputs from the pipeline root or the object store.",
         f"Overhead {overhead:+.1%} = {local_s - baseline_s:.1f} s. It is a fixed cost per task: it does not grow "
         "with the data or the epochs, so on a real run (minutes of training) it falls towards 0%.",
     ]

@@ -462,6 +462,15 @@ def render_markdown(report: dict) -> str:
                 f"| {title} | {_cell(r['measurement'])} | {fmt_number(r['ours'], r['unit'])} | "
                 f"{fmt_number(r['baseline'], r['unit'])} | {fmt_ratio(r)} | {_cell(r['target']) or '-'} | {met} |"
             )
+    busy = [sec.get("title", name) for name, sec in report["benchmarks"].items() if was_busy(sec, info)]
+    if busy:
+        lines += [
+            "",
+            f"**Measured on a busy machine** (1-minute load average above {BUSY_LOAD_FACTOR:g}x the "
+            f"{info.get('cpu_count')} cores before or after): {', '.join(busy)}. Other processes took CPU time "
+            "from these runs, so their absolute numbers are too low and their ratios noisy; rerun them on an idle "
+            "machine with `--only NAME`.",
+        ]
     lines += ["", "## Machine", ""]
     lines += [f"- {key}: {value}" for key, value in info.items()]
     for name, sec in report["benchmarks"].items():
@@ -480,6 +489,16 @@ def render_markdown(report: dict) -> str:
     lines += ["", "## Commands", ""]
     lines += [f"- `{cmd}`: {what}" for cmd, what in report["commands"]]
     return "\n".join(lines) + "\n"
+
+
+BUSY_LOAD_FACTOR = 1.5
+
+
+def was_busy(sec: dict, info: dict) -> bool:
+    """True when the machine's load average around a benchmark says others were using the CPUs."""
+    cores = info.get("cpu_count") or 1
+    loads = [x[0] for x in (sec.get("load_before"), sec.get("load_after")) if x]
+    return bool(loads) and max(loads) > BUSY_LOAD_FACTOR * cores
 
 
 def _cell(text: str) -> str:

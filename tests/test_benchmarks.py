@@ -87,3 +87,25 @@ def test_smoke_run_writes_results_for_every_benchmark(tiny_archive, tmp_path):
     assert "| Benchmark | Measurement |" in text
     for name in names:
         assert f"`--only {name}`" in text
+
+
+def test_missing_archive_skips_with_the_path_in_the_reason(tmp_path):
+    from benchmarks.run import main
+
+    missing = tmp_path / "nowhere" / "cifar10-jpeg.tar.gz"
+    argv = [
+        "--quick",
+        "--archive",
+        str(missing),
+        "--output-dir",
+        str(tmp_path),
+        "--work-dir",
+        str(tmp_path / "w"),
+    ]
+    assert main([*argv, "--only", "datapath", "--only", "preprocess", "--only", "pipeline"]) == 0
+    report = json.loads((tmp_path / "results.json").read_text())
+    for name in ("datapath", "preprocess", "pipeline"):
+        sec = report["benchmarks"][name]
+        assert sec["status"] == "skipped", name
+        assert str(missing) in sec["reason"]
+    assert "skipped: real CIFAR-10 archive not found" in (tmp_path / "RESULTS.md").read_text()

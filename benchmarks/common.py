@@ -453,6 +453,8 @@ def render_markdown(report: dict) -> str:
     ]
     for name, sec in report["benchmarks"].items():
         title = sec.get("title", name)
+        if name not in report.get("measured_now", report["benchmarks"]):
+            title += f" ({sec.get('size', '?')}, earlier run)"
         if sec["status"] != "ok":
             lines.append(f"| {title} | {sec['status']}: {_cell(sec['reason'])} | | | | | |")
             continue
@@ -477,9 +479,8 @@ def render_markdown(report: dict) -> str:
         lines += ["", f"## {sec.get('title', name)} (`--only {name}`)", ""]
         if sec["status"] != "ok":
             lines.append(f"**{sec['status']}**: {sec['reason']}")
-        size = sec.get("size")
-        if size and size != report["size"]:
-            lines.append(f"_Measured in an earlier `{size}` run ({sec.get('date_utc', '?')})._")
+        if name not in report.get("measured_now", report["benchmarks"]):
+            lines.append(f"_Kept from an earlier `{sec.get('size', '?')}` run ({sec.get('date_utc', '?')})._")
         lines += [f"- {note}" for note in sec.get("notes", [])]
         for plot in sec.get("plots", []):
             lines += ["", f"![{plot}]({plot})"]

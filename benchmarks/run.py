@@ -9,9 +9,10 @@
 Each benchmark runs in this process, one after the other, so their ratios come from the same
 machine state. A benchmark that cannot run here (no real archive, no GPU) is recorded as
 skipped with the reason; one that fails is recorded as an error with the last lines of its
-traceback, and the others still run (exit status 1). With ``--only``, the sections already in
-``results.json`` for the other benchmarks are kept, each labelled with the size and date it was
-measured at, so one benchmark can be re-run without repeating the whole suite.
+traceback, and the others still run (exit status 1). Sections already in ``results.json`` for
+benchmarks this run does not (or not yet) measure are kept, each labelled with the size and date
+it was measured at, so ``--only`` re-runs one benchmark and an interrupted run still leaves a
+whole table; ``results.json`` and ``RESULTS.md`` are rewritten after every benchmark.
 """
 
 from __future__ import annotations
@@ -392,9 +393,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     names = args.only or list(BENCHMARKS)
     results_path = output_dir / "results.json"
+    # Sections from the last run stay (labelled with their size and date) until this run replaces
+    # them: `--only` reruns update one benchmark, and an interrupted run still leaves a whole table.
     previous = {}
-    if args.only and results_path.is_file():
-        previous = json.loads(results_path.read_text()).get("benchmarks", {})
+    if results_path.is_file():
+        try:
+            previous = json.loads(results_path.read_text()).get("benchmarks", {})
+        except (ValueError, AttributeError):
+            previous = {}
 
     argv_text = " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     started = time.perf_counter()
@@ -412,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         report["benchmarks"] = {
             n: fresh.get(n, previous.get(n)) for n in BENCHMARKS if n in fresh or n in previous
         }
+        report["measured_now"] = list(fresh)
         report["total_wall_s"] = time.perf_counter() - started
         report["commands"] = commands(" --quick" if size == "quick" else "")
         write_json(report, results_path)

@@ -341,7 +341,7 @@ def test_no_credentials_anywhere_in_deploy():
     for path in sorted(DEPLOY.iterdir()):
         text = path.read_text()
         assert not re.search(r"minio123|AKIA[0-9A-Z]{16}|BEGIN [A-Z ]*PRIVATE KEY", text), path.name
-        for doc in yaml.safe_load_all(text):
+        for doc in yaml.safe_load_all(text) if path.suffix == ".yaml" else []:
             if not doc:
                 continue
             if doc.get("kind") == "ConfigMap":

@@ -56,9 +56,11 @@ def test_submit_creates_experiment_and_run_with_typed_params_and_prints_url(kfp_
 
 
 def test_submit_no_cache_turns_caching_off_in_the_spec_itself(kfp_server):
-    assert main(["submit", "--host", kfp_server.url, "--no-cache"]) == 0
+    assert main(["submit", "--host", kfp_server.url, "--no-cache", "--image", "registry.example/c:2"]) == 0
     [create_run] = kfp_server.requests("POST", "/runs")
     assert not any(_task_caching(create_run.body["pipeline_spec"]).values())
+    executors = _pipeline_spec(create_run.body)["deploymentSpec"]["executors"].values()
+    assert {e["container"]["image"] for e in executors} == {"registry.example/c:2"}
 
 
 def test_submit_reuses_an_existing_experiment(kfp_server):

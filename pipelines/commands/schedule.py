@@ -28,6 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--param", action="append", default=[], metavar="KEY=VALUE", help="a pipeline parameter"
     )
     parser.add_argument(
+        "--image", default=None, help="container image for every step (default: components/image.py's)"
+    )
+    parser.add_argument(
+        "--minio-endpoint", default=None, help="object-store host:port (default seaweedfs.kubeflow:9000)"
+    )
+    parser.add_argument(
         "--no-cache", action="store_true", help="run every step, even download and preprocess"
     )
     action = parser.add_mutually_exclusive_group()
@@ -42,6 +48,19 @@ def _check_cron(cron: str) -> None:
         raise ValueError(
             f"--cron {cron!r}: KFP wants 6 fields with seconds first, e.g. '0 0 3 * * *' for 03:00 every day"
         )
+
+
+def _policy(args: argparse.Namespace):
+    from dataclasses import replace
+
+    from pipelines.policy import ClusterPolicy
+
+    policy = ClusterPolicy()
+    if args.image:
+        policy = replace(policy, image=args.image)
+    if args.minio_endpoint:
+        policy = replace(policy, minio_endpoint=args.minio_endpoint)
+    return policy
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     params = typed_arguments(args.pipeline, parse_params(args.param))
     experiment_id = ensure_experiment(client, args.experiment, args.namespace)
     with temp_dir() as tmp:
-        package = compile_for_submit(args.pipeline, no_cache=args.no_cache, workdir=tmp)
+        package = compile_for_submit(args.pipeline, no_cache=args.no_cache, workdir=tmp, policy=_policy(args))
         job = client.create_recurring_run(
             experiment_id=experiment_id,
             job_name=name,

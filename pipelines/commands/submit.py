@@ -19,8 +19,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--param", action="append", default=[], metavar="KEY=VALUE", help="a pipeline parameter"
     )
     parser.add_argument(
+        "--image", default=None, help="container image for every step (default: components/image.py's)"
+    )
+    parser.add_argument(
+        "--minio-endpoint", default=None, help="object-store host:port (default seaweedfs.kubeflow:9000)"
+    )
+    parser.add_argument(
         "--no-cache", action="store_true", help="run every step, even download and preprocess"
     )
+
+
+def _policy(args: argparse.Namespace):
+    from dataclasses import replace
+
+    from pipelines.policy import ClusterPolicy
+
+    policy = ClusterPolicy()
+    if args.image:
+        policy = replace(policy, image=args.image)
+    if args.minio_endpoint:
+        policy = replace(policy, minio_endpoint=args.minio_endpoint)
+    return policy
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     arguments = typed_arguments(args.pipeline, parse_params(args.param))
     client = make_client(args.host, args.namespace)
     with temp_dir() as tmp:
-        package = compile_for_submit(args.pipeline, no_cache=args.no_cache, workdir=tmp)
+        package = compile_for_submit(args.pipeline, no_cache=args.no_cache, workdir=tmp, policy=_policy(args))
         result = client.create_run_from_pipeline_package(
             str(package),
             arguments=arguments,

@@ -18,7 +18,7 @@ import pytest
 
 from cifar10_kfp.embedded_store import EmbeddedObjectStore
 from cifar10_kfp.storage import ObjectStore, StorageConfig
-from tests.reliability.harness import FIGURES, FakeCredentials
+from tests.reliability.harness import FIGURES, FakeCredentials, product_env
 
 
 @pytest.fixture(scope="session")
@@ -52,18 +52,7 @@ def rel_env(rel_server, tmp_path) -> dict[str, str]:
     """
     if not rel_server.running:
         rel_server.start()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MINIO_", "CIFAR10_KFP_"))}
-    env.update(rel_server.env())
-    env.update(
-        {
-            "CIFAR10_KFP_PREFIX": f"rel-{tmp_path.name}/",
-            "CIFAR10_KFP_RETRY_BUDGET_S": "20",
-            "CUDA_VISIBLE_DEVICES": "",
-            "PYTHONUNBUFFERED": "1",
-            "OMP_NUM_THREADS": "1",
-        }
-    )
-    return env
+    return product_env(rel_server, f"rel-{tmp_path.name}/")
 
 
 @pytest.fixture
@@ -110,9 +99,7 @@ def reference_run(rel_server, train_data, tmp_path_factory):
     from tests.reliability.training import run_reference
 
     base = tmp_path_factory.mktemp("rel-reference")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MINIO_", "CIFAR10_KFP_"))}
-    env.update(rel_server.env())
-    env.update({"CIFAR10_KFP_PREFIX": "rel-reference/", "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"})
+    env = product_env(rel_server, "rel-reference/")
     proxy = S3Proxy(rel_server.ports["s3"])
     try:
         uri = f"s3://{rel_server.bucket}/rel-reference/checkpoints"

@@ -182,6 +182,22 @@ def scan_for_secret(
 # ---------------------------------------------------------------------- processes
 
 
+def product_env(server, prefix: str) -> dict[str, str]:
+    """The environment a product process gets: ``server``'s MINIO_* settings, ``prefix``, CPU only."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MINIO_", "CIFAR10_KFP_"))}
+    env.update(server.env())
+    env.update(
+        {
+            "CIFAR10_KFP_PREFIX": prefix,
+            "CIFAR10_KFP_RETRY_BUDGET_S": "20",
+            "CUDA_VISIBLE_DEVICES": "",
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": "1",
+        }
+    )
+    return env
+
+
 def cli_command(*args: str) -> list[str]:
     """The ``cifar10-kfp`` console script of this interpreter's environment, with ``args``."""
     script = Path(sys.executable).with_name("cifar10-kfp")
@@ -261,6 +277,38 @@ def run_cli(args: list[str], *, env: dict[str, str], log_path: Path, timeout: fl
     proc = Proc(cli_command(*args), env=env, log_path=log_path)
     code = proc.wait(timeout)
     return code, proc.output()
+
+
+# ------------------------------------------------------------------ fake endpoint
+
+
+class ConnectionCounter:
+    """A listening socket on 127.0.0.1 that accepts and counts connections, then hangs up."""
+
+    def __init__(self):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.count = 0
+        self._stop = False
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def _loop(self):
+        while not self._stop:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.count += 1
+            conn.close()
+
+    def close(self):
+        self._stop = True
+        self.sock.close()
 
 
 # ----------------------------------------------------------------------- S3 proxy

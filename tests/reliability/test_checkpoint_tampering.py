@@ -1,7 +1,7 @@
 """Part 7: a tampered checkpoint is refused, and a malicious one never runs its payload.
 
-A genuine checkpoint is written by a real ``cifar10-kfp train`` run; copies of it are then
-damaged in the object store and the same training command is pointed at them.
+Copies of the reference run's genuine checkpoints are damaged in the object store, and the
+training command is pointed at them (the two refused runs go at the same time).
 
 * One flipped byte, re-uploaded by someone who also fixed the store's own checksum metadata:
   the sha256 in ``latest.json`` refuses it. (With the store metadata left alone, the store's
@@ -17,6 +17,7 @@ import io
 import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -24,24 +25,22 @@ import torch
 
 from cifar10_kfp.checkpoint import CheckpointManager, checkpoint_name
 from cifar10_kfp.storage import IntegrityError, join_uri, parse_uri
-from tests.reliability.harness import FIGURES, ROOT, Proc, scan_for_secret
-from tests.reliability.training import train_argv
+from tests.reliability.harness import FIGURES, ROOT, Proc, product_env, scan_for_secret
+from tests.reliability.training import EPOCHS, train_argv
 
 pytestmark = [pytest.mark.reliability, pytest.mark.slow]
 
 KIND = "tampered checkpoints"
 
 
-@pytest.fixture(scope="module")
-def genuine(rel_server, train_data, tmp_path_factory):
-    """A real two-epoch run's checkpoint prefix in the suite's store."""
-    base = tmp_path_factory.mktemp("genuine")
-    uri = f"s3://{rel_server.bucket}/rel-tamper/genuine"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MINIO_", "CIFAR10_KFP_"))}
-    env.update({**rel_server.env(), "CIFAR10_KFP_PREFIX": "rel-tamper/", "CUDA_VISIBLE_DEVICES": ""})
-    proc = Proc(train_argv(train_data, uri, base / "out", epochs=2), env=env, log_path=base / "train.log")
-    assert proc.wait(180) == 0, proc.output()[-3000:]
-    return uri
+class RunsCommand:
+    """Unpickling this runs ``touch <marker>``: what a malicious checkpoint would do."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
 
 
 def _copy_prefix(store, src: str, dst: str) -> None:
@@ -49,47 +48,83 @@ def _copy_prefix(store, src: str, dst: str) -> None:
         store.put_bytes(store.get_bytes(uri), join_uri(dst, uri[len(src) + 1 :]))
 
 
-def _resume(argv_uri: str, train_data: Path, env: dict, tmp_path: Path, name: str) -> tuple[int, str, Proc]:
-    proc = Proc(
-        train_argv(train_data, argv_uri, tmp_path / name, epochs=3),
-        env=env,
-        log_path=tmp_path / f"{name}.log",
-    )
-    return proc.wait(120), proc.output(), proc
-
-
-def _started_training(output: str) -> bool:
-    return bool(re.search(r"^\s+\d+/3\s", output, re.M))
-
-
-def test_flipped_byte_is_refused_by_sha256(
-    genuine, rel_server, rel_env, rel_store, train_data, tmp_path, rel_creds
-):
-    store = rel_store
-    uri = f"s3://{rel_server.bucket}/{rel_env['CIFAR10_KFP_PREFIX']}flipped"
+def _plant_flipped_byte(store, genuine: str, uri: str) -> dict:
+    """A copy of a genuine checkpoint prefix with one bit flipped in the newest checkpoint."""
     _copy_prefix(store, genuine, uri)
-    manager = CheckpointManager(uri, store=store)
-    pointer = manager.read_pointer()
+    pointer = CheckpointManager(uri, store=store).read_pointer()
     target = join_uri(uri, pointer["key"])
     data = bytearray(store.get_bytes(target))
     data[len(data) // 2] ^= 0x01
     store.put_bytes(bytes(data), target)  # the attacker also updates the store's checksum metadata
+    return pointer
 
+
+def _plant_malicious_checkpoint(store, uri: str, marker: Path) -> None:
+    """A checkpoint whose pickle runs a command, under a pointer whose sha256 matches it."""
+    state = {"format_version": 1, "epoch": 1, "step": 64, "model": RunsCommand(marker), "history": []}
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    data = buffer.getvalue()
+    digest = store.put_bytes(data, join_uri(uri, checkpoint_name(1)))
+    pointer = {"key": checkpoint_name(1), "sha256": digest, "epoch": 1, "step": 64, "size": len(data)}
+    store.put_bytes(json.dumps(pointer).encode(), join_uri(uri, "latest.json"))
+
+
+@dataclass
+class Refusal:
+    uri: str
+    code: int
+    output: str
+    log: Path
+
+    @property
+    def started_training(self) -> bool:
+        return bool(re.search(rf"^\s+\d+/{EPOCHS}\s", self.output, re.M))
+
+
+@pytest.fixture(scope="module")
+def tampered(rel_server, reference_run, train_data, tmp_path_factory):
+    """Both tampered prefixes planted, and the training command pointed at each (the two run at once)."""
+    base = tmp_path_factory.mktemp("tampered")
+    store = rel_server.store()
+    root = f"s3://{rel_server.bucket}/rel-tamper"
+    marker = base / "payload-ran"
+    pointer = _plant_flipped_byte(store, reference_run.checkpoint_uri, f"{root}/flipped")
+    _plant_malicious_checkpoint(store, f"{root}/malicious", marker)
+    env = product_env(rel_server, "rel-tamper/")
+    procs = {
+        name: Proc(
+            train_argv(train_data, f"{root}/{name}", base / name), env=env, log_path=base / f"{name}.log"
+        )
+        for name in ("flipped", "malicious")
+    }
+    runs = {
+        name: Refusal(f"{root}/{name}", proc.wait(120), proc.output(), proc.log_path)
+        for name, proc in procs.items()
+    }
+    return runs, pointer, marker, store
+
+
+def test_flipped_byte_is_refused_by_sha256(tampered, rel_creds):
+    runs, pointer, _, store = tampered
+    run = runs["flipped"]
+    manager = CheckpointManager(run.uri, store=store)
     with pytest.raises(IntegrityError, match="sha256") as err:
         manager.load_latest()
     assert pointer["sha256"] in str(err.value)
-    code, output, proc = _resume(uri, train_data, rel_env, tmp_path, "flipped")
-    refused = code != 0 and "sha256" in output and "refusing" in output and not _started_training(output)
+    refused = (
+        run.code != 0 and "sha256" in run.output and "refusing" in run.output and not run.started_training
+    )
     FIGURES.record_rejection(KIND, refused)
-    assert refused, f"training did not refuse the corrupted checkpoint ({code}):\n{output[-3000:]}"
+    assert refused, f"training did not refuse the corrupted checkpoint ({run.code}):\n{run.output[-3000:]}"
     assert manager.read_pointer() == pointer, "the refused run moved the checkpoint pointer"
-    assert not scan_for_secret(rel_creds, "training logs", [proc.log_path])
+    assert not scan_for_secret(rel_creds, "training logs", [run.log])
 
 
-def test_flipped_byte_with_stale_store_checksum_is_refused(genuine, rel_server, rel_env, rel_store):
+def test_flipped_byte_with_stale_store_checksum_is_refused(reference_run, rel_server, rel_env, rel_store):
     store = rel_store
     uri = f"s3://{rel_server.bucket}/{rel_env['CIFAR10_KFP_PREFIX']}bitrot"
-    _copy_prefix(store, genuine, uri)
+    _copy_prefix(store, reference_run.checkpoint_uri, uri)
     manager = CheckpointManager(uri, store=store)
     target = join_uri(uri, manager.read_pointer()["key"])
     loc = parse_uri(target)
@@ -110,43 +145,17 @@ def test_flipped_byte_with_stale_store_checksum_is_refused(genuine, rel_server, 
     FIGURES.record_rejection(KIND, rejected)
 
 
-class RunsCommand:
-    """Unpickling this runs ``touch <marker>``: what a malicious checkpoint would do."""
-
-    def __init__(self, marker: Path):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
-
-def _plant_malicious_checkpoint(store, uri: str, marker: Path) -> None:
-    state = {"format_version": 1, "epoch": 1, "step": 64, "model": RunsCommand(marker), "history": []}
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    data = buffer.getvalue()
-    digest = store.put_bytes(data, join_uri(uri, checkpoint_name(1)))
-    pointer = {"key": checkpoint_name(1), "sha256": digest, "epoch": 1, "step": 64, "size": len(data)}
-    store.put_bytes(json.dumps(pointer).encode(), join_uri(uri, "latest.json"))
-
-
-def test_pickle_payload_is_refused_and_never_runs(
-    rel_server, rel_env, rel_store, train_data, tmp_path, rel_creds
-):
-    marker = tmp_path / "payload-ran"
-    uri = f"s3://{rel_server.bucket}/{rel_env['CIFAR10_KFP_PREFIX']}malicious"
-    _plant_malicious_checkpoint(rel_store, uri, marker)
-
-    with pytest.raises(IntegrityError, match="not a loadable checkpoint"):
-        CheckpointManager(uri, store=rel_store).load_latest()
-    assert not marker.exists(), "the checkpoint's pickle payload ran in-process"
-
-    code, output, proc = _resume(uri, train_data, rel_env, tmp_path, "malicious")
-    refused = code != 0 and "not a loadable checkpoint" in output and not _started_training(output)
-    FIGURES.record_rejection(KIND, refused and not marker.exists())
+def test_pickle_payload_is_refused_and_never_runs(tampered, rel_creds):
+    runs, _, marker, store = tampered
+    run = runs["malicious"]
     assert not marker.exists(), "the checkpoint's pickle payload ran in the training process"
-    assert refused, f"training did not refuse the malicious checkpoint ({code}):\n{output[-3000:]}"
-    assert not scan_for_secret(rel_creds, "training logs", [proc.log_path])
+    with pytest.raises(IntegrityError, match="not a loadable checkpoint"):
+        CheckpointManager(run.uri, store=store).load_latest()
+    assert not marker.exists(), "the checkpoint's pickle payload ran in-process"
+    refused = run.code != 0 and "not a loadable checkpoint" in run.output and not run.started_training
+    FIGURES.record_rejection(KIND, refused)
+    assert refused, f"training did not refuse the malicious checkpoint ({run.code}):\n{run.output[-3000:]}"
+    assert not scan_for_secret(rel_creds, "training logs", [run.log])
 
 
 def _unsafe_loads(tree: ast.AST) -> list[str]:

@@ -6,8 +6,6 @@ after the request (or a retry loop that tried anyway) would show up as a connect
 
 from __future__ import annotations
 
-import socket
-import threading
 import unicodedata
 from pathlib import Path
 
@@ -16,39 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cifar10_kfp.storage import InvalidNameError, ObjectStore, StorageConfig, parse_uri
+from tests.reliability.harness import ConnectionCounter
 
 pytestmark = pytest.mark.reliability
 
 KIND = "object names (keys, buckets)"
-
-
-class ConnectionCounter:
-    """A listening socket on 127.0.0.1 that accepts and counts connections, then hangs up."""
-
-    def __init__(self):
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.count = 0
-        self._stop = False
-        threading.Thread(target=self._loop, daemon=True).start()
-
-    @property
-    def endpoint(self) -> str:
-        return f"127.0.0.1:{self.sock.getsockname()[1]}"
-
-    def _loop(self):
-        while not self._stop:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.count += 1
-            conn.close()
-
-    def close(self):
-        self._stop = True
-        self.sock.close()
 
 
 @pytest.fixture(scope="module")

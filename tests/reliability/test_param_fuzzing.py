@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cifar10_kfp.params import TRAINING_PARAMS, validate_pipeline_params
-from tests.reliability.harness import FIGURES
+from tests.reliability.harness import FIGURES, ConnectionCounter
 
 pytestmark = pytest.mark.reliability
 
@@ -208,7 +208,6 @@ def test_unknown_parameters_are_rejected_by_name():
 def test_run_local_refuses_invalid_parameters_before_anything_starts(tmp_path, monkeypatch):
     """No run directory, no object store, no step: the refusal comes first."""
     from pipelines.local import run_local
-    from tests.reliability.test_object_names import ConnectionCounter
 
     counter = ConnectionCounter()  # a store endpoint that counts anyone who connects
     monkeypatch.setenv("MINIO_ENDPOINT", counter.endpoint)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tests.reliability.harness import Proc, S3Proxy, cli_command, pointer_body_epoch
 
-EPOCHS = 6
+EPOCHS = 5
 TRAIN_SETTINGS = {
     "threads": "1",  # the same thread count every run: float reductions depend on it
     "flip": "true",
@@ -112,6 +112,7 @@ class Reference:
     epoch_s: float  # median wall time between consecutive checkpoint pointers
     checkpoint_bytes: int
     output: str
+    checkpoint_uri: str  # its checkpoints (the last ``keep_checkpoints``), e.g. to tamper with copies
 
 
 def run_reference(
@@ -129,4 +130,4 @@ def run_reference(
     assert len(times) == EPOCHS, f"expected {EPOCHS} checkpoint pointers, saw {len(times)}"
     epoch_s = statistics.median(b - a for a, b in zip(times, times[1:]))
     size = max(e.length for e in proxy.requests("PUT", r"ckpt-epoch\d+\.pt$"))
-    return Reference(RunResult.load(output_dir), epoch_s, size, proc.output())
+    return Reference(RunResult.load(output_dir), epoch_s, size, proc.output(), checkpoint_uri)

@@ -7,7 +7,8 @@ only differences are the object-store endpoint (the local one) and no task retri
 
 The object store is ``MINIO_ENDPOINT`` when that is set, otherwise an embedded SeaweedFS server
 started for the run (its variables are exported to the step subprocesses through
-``os.environ``) and stopped at the end, even on failure.
+``os.environ``) and stopped at the end, even on failure; its data stays in
+``<output_root>/object-store``, so the dataset cache, checkpoints and published models outlive the run.
 
 kfp.local 2.17 behaviour this relies on (checked in its source): ``dsl.ExitHandler`` tasks run
 after the body, with ``PipelineTaskFinalStatus``; ``dsl.If``/``dsl.Else`` and ``ParallelFor``
@@ -166,6 +167,10 @@ def run_local(
     from pipelines.policy import ClusterPolicy
 
     short = resolve(pipeline)
+    # The embedded store keeps its data under the output root, so downloads stay cached across runs
+    # and what a run published or checkpointed is still there afterwards (`cifar10-kfp store --data-dir`).
+    if store_data_dir is None and not os.environ.get("MINIO_ENDPOINT"):
+        store_data_dir = Path(output_root).resolve() / "object-store"
     values, build_params = _resolve_params(short, local_defaults(dict(params or {})), validate=validate_first)
     run_root = Path(output_root).resolve() / f"{short}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     run_root.mkdir(parents=True, exist_ok=True)
@@ -203,6 +208,8 @@ def run_local(
         wall_s=round(time.monotonic() - started, 1),
     )
     summary.setdefault("published", None)
+    if store_data_dir is not None:
+        summary["object_store_data"] = str(store_data_dir)
     if summary_json:
         path = Path(summary_json)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -231,6 +238,10 @@ def format_summary(summary: dict) -> str:
             rows.append((key, str(value)))
     if summary.get("local_root"):
         rows.append(("local outputs", summary["local_root"]))
+    if summary.get("object_store_data"):
+        rows.append(
+            ("object store", f"{summary['object_store_data']} (browse: cifar10-kfp store --data-dir ...)")
+        )
     width = max(len(k) for k, _ in rows)
     line = "-" * min(100, width + 60)
     return "\n".join([line, *(f"{k:<{width}}  {v}" for k, v in rows), line])

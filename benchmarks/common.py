@@ -497,6 +497,8 @@ BUSY_LOAD_FACTOR = 1.5
 
 def was_busy(sec: dict, info: dict) -> bool:
     """True when the machine's load average around a benchmark says others were using the CPUs."""
+    if sec.get("status") != "ok":
+        return False
     cores = info.get("cpu_count") or 1
     loads = [x[0] for x in (sec.get("load_before"), sec.get("load_after")) if x]
     return bool(loads) and max(loads) > BUSY_LOAD_FACTOR * cores

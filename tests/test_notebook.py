@@ -132,6 +132,24 @@ def test_cluster_mode_is_chosen_by_kfp_host_or_in_cluster_service():
     assert endpoint("", {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}) == ""
 
 
+def test_every_project_name_the_notebook_imports_exists():
+    """Catches API drift on paths the end-to-end run does not take (the kfp.Client branch)."""
+    import importlib
+
+    nb = _notebook()
+    checked = 0
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        for node in ast.walk(ast.parse(cell.source)):
+            if isinstance(node, ast.ImportFrom) and node.module.split(".")[0] in ("cifar10_kfp", "pipelines"):
+                module = importlib.import_module(node.module)
+                for alias in node.names:
+                    assert hasattr(module, alias.name), f"the notebook imports {node.module}.{alias.name}"
+                    checked += 1
+    assert checked >= 8
+
+
 # --------------------------------------------------------------------------- end to end
 
 TINY = {

@@ -150,6 +150,26 @@ def test_every_project_name_the_notebook_imports_exists():
     assert checked >= 8
 
 
+def test_the_project_calls_in_the_notebook_match_their_signatures():
+    import inspect
+
+    from cifar10_kfp.serving import load_published
+    from pipelines.kfp_client import compile_for_submit, make_client, run_url
+    from pipelines.local import run_local
+
+    source = NOTEBOOK.read_text()
+    calls = {
+        run_local: ((), {"pipeline": "training", "params": {}, "output_root": "x"}),
+        compile_for_submit: (("training",), {"no_cache": False, "workdir": "x"}),
+        make_client: (("http://kfp.example",), {}),
+        run_url: (("http://kfp.example", "run-id"), {}),
+        load_published: (("name",), {"store": None}),
+    }
+    for func, (args, kwargs) in calls.items():
+        assert f"{func.__name__}(" in source
+        inspect.signature(func).bind(*args, **kwargs)
+
+
 # --------------------------------------------------------------------------- end to end
 
 TINY = {

@@ -23,7 +23,12 @@ from tests.reliability.harness import FIGURES, ConnectionCounter
 pytestmark = pytest.mark.reliability
 
 KIND = "pipeline parameters (hypothesis)"
-FUZZ = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=25,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 
 # ------------------------------------------------------------------ invalid values
 
@@ -215,7 +220,12 @@ def test_run_local_refuses_invalid_parameters_before_anything_starts(tmp_path, m
     monkeypatch.setenv("MINIO_SECRET_KEY", "unused-secret")
     output_root = tmp_path / "runs"
 
-    @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @settings(
+        max_examples=3,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.function_scoped_fixture],
+    )
     @given(data=st.data())
     def check(data):
         name = data.draw(st.sampled_from(PARAM_NAMES))

@@ -274,8 +274,9 @@ def run(ctx: BenchContext) -> dict:
         f"Every task runs in a fresh Python process: a process importing torch, kfp and the library takes "
         f"{start_cost:.1f} s here, which the torch-using tasks (train, evaluate, gate, publish) each pay and the "
         "in-process run pays once; every task also re-reads its inputs from the pipeline root or the object store.",
-        f"Overhead {overhead:+.1%} = {local_s - baseline_s:.1f} s. It is a fixed cost per task: it does not grow "
-        "with the data or the epochs, so on a real run (minutes of training) it falls towards 0%.",
+        f"Overhead {overhead:+.1%} = {local_s - baseline_s:.1f} s. Most of it is a cost per task (process start, "
+        "imports, artifact hand-over) that does not grow with the epochs, so its share falls as training gets "
+        "longer.",
     ]
     excess = {
         task: round(tasks[task] - library_steps[step], 2)

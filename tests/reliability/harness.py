@@ -109,10 +109,10 @@ class Figures:
             files = sum(s["files"] for s in self.secret_surfaces.values())
             lines.append(
                 f"secret hits                                    {self.secret_hits}"
-                f"  ({len(self.secret_surfaces)} surfaces, {files} files, {scanned / 1e6:.1f} MB scanned)"
+                f"  ({len(self.secret_surfaces)} surfaces, {files} items, {scanned / 1e6:.1f} MB scanned)"
             )
             for label, s in sorted(self.secret_surfaces.items()):
-                lines.append(f"    {label:<42} {s['hits']} hits in {s['files']} files")
+                lines.append(f"    {label:<42} {s['hits']} hits in {s['files']} items")
         lines.extend(f"note: {n}" for n in self.notes)
         return lines
 
@@ -270,6 +270,41 @@ class Proc:
 
     def output(self) -> str:
         return "\n".join(line for _, line in self.lines)
+
+
+class CommandLineSampler:
+    """Samples the command lines of every process in some sessions (a process tree started by ``Proc``).
+
+    A secret passed as an argument is readable by any local user in ``/proc/<pid>/cmdline``;
+    credentials must travel in the environment or in files, so the samples are scanned too.
+    """
+
+    def __init__(self, session_ids: list[int], interval_s: float = 0.25):
+        self.session_ids = set(session_ids)
+        self.interval_s = interval_s
+        self.samples: dict[int, bytes] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="cmdline-sampler", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            for entry in Path("/proc").iterdir():
+                if not entry.name.isdigit():
+                    continue
+                try:
+                    stat = (entry / "stat").read_text()
+                    session = int(stat.rsplit(")", 1)[1].split()[3])  # field 6: session id
+                    if session in self.session_ids:
+                        self.samples[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+                except (OSError, ValueError, IndexError):
+                    continue
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> list[bytes]:
+        self._stop.set()
+        self._thread.join(5)
+        return list(self.samples.values())
 
 
 def run_cli(args: list[str], *, env: dict[str, str], log_path: Path, timeout: float = 300) -> tuple[int, str]:

@@ -9,8 +9,9 @@ strictly beats the champion, so two identical models under one name could not bo
 Checked: separate run ids, checkpoint prefixes and local output roots; each checkpoint prefix
 complete and neither run resumed from the other's; each published version present, complete and
 holding that run's own trained weights; the shared dataset caches intact. Then the secret scan
-(part 8) over everything the runs left: the captured output of both process trees, the local
-artifact metadata, the run summaries and every object written to the store.
+(part 8) over everything the runs left: the captured output of both process trees, the command
+lines of every process in them, the local artifact metadata, the run summaries, and every object
+written to the store with its stored metadata.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import pytest
 
 from cifar10_kfp.checkpoint import CheckpointManager
 from tests.datagen import make_official_archive
-from tests.reliability.harness import Proc, cli_command, scan_for_secret
+from tests.reliability.harness import CommandLineSampler, Proc, cli_command, scan_for_secret
 
 pytestmark = [pytest.mark.reliability, pytest.mark.slow]
 
@@ -64,7 +65,11 @@ def test_two_concurrent_local_runs_keep_apart_and_leak_no_secret(
         )
         for name in names
     ]
-    codes = [proc.wait(420) for proc in procs]
+    sampler = CommandLineSampler([proc.pid for proc in procs])
+    try:
+        codes = [proc.wait(420) for proc in procs]
+    finally:
+        command_lines = sampler.stop()
     for proc, code in zip(procs, codes):
         assert code == 0, f"a concurrent run failed ({code}):\n{proc.output()[-5000:]}"
     summaries = [json.loads((tmp_path / f"{name}.json").read_text()) for name in names]
@@ -105,12 +110,21 @@ def test_two_concurrent_local_runs_keep_apart_and_leak_no_secret(
 
     # Part 8: no trace of the secret anywhere these runs wrote or printed.
     prefix_uri = f"s3://{rel_server.bucket}/{rel_env['CIFAR10_KFP_PREFIX']}"
-    objects = [rel_store.get_bytes(uri, verify=False) for uri in rel_store.list(prefix_uri)]
+    uris = rel_store.list(prefix_uri)
+    objects = [rel_store.get_bytes(uri, verify=False) for uri in uris]
     assert len(objects) > 10
+    object_metadata = []  # the user metadata (x-amz-meta-*) stored with each object
+    for uri in uris:
+        bucket, key = uri[len("s3://") :].split("/", 1)
+        meta = rel_store.client.stat_object(bucket, key).metadata
+        object_metadata.append(json.dumps({k: v for k, v in meta.items()}).encode())
+    assert len(command_lines) >= 2 * len(procs), "the sampler saw too few processes to mean anything"
     hits = scan_for_secret(rel_creds, "local run logs (whole process tree)", [p.log_path for p in procs])
     hits += scan_for_secret(rel_creds, "artifact metadata (kfp.local outputs)", [output_root])
     hits += scan_for_secret(rel_creds, "run summaries", [tmp_path / f"{name}.json" for name in names])
     hits += scan_for_secret(rel_creds, "objects written to the store", objects)
+    hits += scan_for_secret(rel_creds, "object metadata in the store", object_metadata)
+    hits += scan_for_secret(rel_creds, "process command lines", command_lines)
     assert not hits, hits
     # The scan can see: the access key is in the environment the runs were given, and the store saw it.
     assert rel_creds.access_key not in "".join(p.output() for p in procs), "the access key was printed"

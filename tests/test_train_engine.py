@@ -116,6 +116,7 @@ def test_cpu_recipe_learns_well_above_chance(tiny32, tmp_path):
     assert info.model_config["widths"] == [8, 16, 16] and info.extra["weights"] == "ema"
 
 
+@pytest.mark.slow
 def test_same_seed_is_bitwise_identical_and_another_seed_is_not(tiny32, tmp_path):
     config = make_config("cpu", {"epochs": 2, "batch_size": 64, **TINY_RESNET})
     first = _weights(train(config, tiny32, tmp_path / "a"))

@@ -398,7 +398,10 @@ def _train_process(config: TrainConfig, data: str, output_dir: Path, checkpoint_
             config.architecture, dataset.num_classes, dataset.image_size, **config.model_config()
         )
         if config.whiten and hasattr(net, "init_whitening"):
-            sample = torch.from_numpy(dataset.train_images[: config.whiten_samples])
+            # a seeded random sample: prepared splits may be ordered by class
+            pick = torch.randperm(len(train_data), generator=torch.Generator().manual_seed(config.seed))
+            pick = pick[: config.whiten_samples].sort().values.numpy()
+            sample = torch.from_numpy(dataset.train_images[pick])
             net.init_whitening(Normalizer(dataset.mean, dataset.std, torch.device("cpu"))(sample))
         memory_format = torch.channels_last if channels_last else torch.preserve_format
         net = net.to(device=device, memory_format=memory_format)

@@ -25,7 +25,7 @@ import time
 import pytest
 
 from cifar10_kfp.checkpoint import CheckpointManager, checkpoint_name
-from tests.reliability.harness import FIGURES, Proc, S3Proxy, pointer_body_epoch, wait_until
+from tests.reliability.harness import FIGURES, Proc, S3Proxy, pointer_body_epoch, scan_for_secret, wait_until
 from tests.reliability.training import EPOCHS, RunResult, assert_bitwise_equal, train_argv
 
 pytestmark = [pytest.mark.reliability, pytest.mark.slow]
@@ -100,7 +100,7 @@ class KillAt:
 
 
 def test_kill9_at_five_points_then_rerun_is_bitwise_identical(
-    rel_server, rel_env, train_data, reference_run, tmp_path
+    rel_server, rel_env, train_data, reference_run, rel_creds, tmp_path
 ):
     points = choose_kill_points(SEED, EPOCHS)
     FIGURES.kill_seed = SEED
@@ -169,3 +169,4 @@ def test_kill9_at_five_points_then_rerun_is_bitwise_identical(
     )
     for record in records:
         record["survived"] = True
+    assert not scan_for_secret(rel_creds, "training logs", sorted(tmp_path.glob("*.log")))

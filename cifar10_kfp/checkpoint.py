@@ -7,7 +7,8 @@ Layout under a checkpoint prefix (``s3://...`` or a local path)::
     latest.json            {"key": "ckpt-epoch00006.pt", "sha256": "...", "epoch": 6, "step": ...}
 
 A write uploads the checkpoint object first (its sha256 is recorded with it), then replaces the
-small ``latest.json`` pointer, then deletes checkpoints beyond the newest ``keep``. A reader
+small ``latest.json`` pointer, then deletes checkpoints beyond the newest ``keep`` (best effort: a failed
+deletion is logged and retried by the next save). A reader
 follows the pointer, checks the sha256 of the bytes it got against the pointer, and only then
 unpickles with ``torch.load(weights_only=True)``: a crash at any moment leaves either the old or
 the new checkpoint in force, never a partial one, and a corrupted object is refused.
@@ -29,7 +30,14 @@ import re
 import numpy as np
 import torch
 
-from cifar10_kfp.storage import IntegrityError, ObjectNotFound, ObjectStore, join_uri, open_store
+from cifar10_kfp.storage import (
+    IntegrityError,
+    ObjectNotFound,
+    ObjectStore,
+    StorageError,
+    join_uri,
+    open_store,
+)
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +204,23 @@ class CheckpointManager:
         return sorted(names, key=lambda n: int(_NAME_RE.match(n).group(1)))
 
     def _prune(self, keep_name: str) -> None:
-        names = self.list_checkpoints()
-        for name in names[: max(0, len(names) - self.keep)]:
-            if name != keep_name:
-                self.store.delete(join_uri(self.uri, name))
+        """Delete checkpoints beyond the newest ``keep``, best effort.
+
+        Runs after the new checkpoint and its pointer are stored, so a failure here loses
+        nothing: it is logged, training goes on, and the next save prunes again (it lists the
+        whole prefix, so anything left behind now is deleted then).
+        """
+        try:
+            names = self.list_checkpoints()
+            for name in names[: max(0, len(names) - self.keep)]:
+                if name != keep_name:
+                    self.store.delete(join_uri(self.uri, name))
+        except (StorageError, OSError) as exc:
+            log.warning(
+                "checkpoint: could not prune old checkpoints under %s (%s: %s); the new checkpoint %s is "
+                "stored and in force, the next save prunes again",
+                self.uri,
+                type(exc).__name__,
+                exc,
+                keep_name,
+            )

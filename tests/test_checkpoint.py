@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import random
+import secrets
 
 import numpy as np
 import pytest
@@ -13,11 +15,13 @@ from cifar10_kfp.checkpoint import (
     CheckpointManager,
     CheckpointMismatch,
     capture_rng_state,
+    checkpoint_name,
     restore_rng_state,
     state_from_bytes,
     state_to_bytes,
 )
 from cifar10_kfp.config import make_config
+from cifar10_kfp.embedded_store import EmbeddedObjectStore
 from cifar10_kfp.engine import train
 from cifar10_kfp.storage import IntegrityError, join_uri
 
@@ -143,3 +147,51 @@ def test_checkpoint_holds_the_full_state(tiny_dataset_path, tmp_path):
     assert set(state["rng"]) == {"torch", "cuda", "numpy", "python"}
     assert state["optimizer"]["state"], "momentum buffers are saved"
     assert state["ema"] is not None and state["model_identity"]["model_config"]["widths"] == [4, 8, 8]
+
+
+class _StoreWithAWriteOnlyUser(EmbeddedObjectStore):
+    """A real embedded S3 server with a second identity that may read and write objects but not list."""
+
+    limited_access_key = "AKNOLIST" + secrets.token_hex(6).upper()
+    limited_secret_key = secrets.token_urlsafe(30)
+
+    def _identities(self) -> dict:
+        identities = super()._identities()
+        identities["identities"].append(
+            {
+                "name": "no-listing",
+                "credentials": [{"accessKey": self.limited_access_key, "secretKey": self.limited_secret_key}],
+                "actions": ["Read", "Write"],
+            }
+        )
+        return identities
+
+
+@pytest.mark.slow
+def test_failed_pruning_is_logged_and_the_next_save_prunes(tmp_path, caplog):
+    with _StoreWithAWriteOnlyUser(tmp_path / "s3") as server:
+        uri = f"s3://{server.bucket}/prune-test/ck"
+        limited = server.store(
+            MINIO_ACCESS_KEY=server.limited_access_key,
+            MINIO_SECRET_KEY=server.limited_secret_key,
+            CIFAR10_KFP_RETRY_BUDGET_S=5,
+        )
+        manager = CheckpointManager(uri, keep=1, store=limited)
+        with caplog.at_level(logging.WARNING, logger="cifar10_kfp.checkpoint"):
+            for epoch in (1, 2):
+                assert manager.save(_state(epoch), epoch=epoch, step=epoch) == join_uri(
+                    uri, checkpoint_name(epoch)
+                )
+        warnings = [r.getMessage() for r in caplog.records if "could not prune" in r.getMessage()]
+        assert len(warnings) == 2, caplog.text
+        assert uri in warnings[-1] and "CredentialsError" in warnings[-1] and server.endpoint in warnings[-1]
+        assert server.limited_secret_key not in caplog.text and server.secret_key not in caplog.text
+        # Nothing was lost: the newest checkpoint is in force and the old one was left in place.
+        state = manager.load_latest()
+        assert state["epoch"] == 2 and torch.equal(state["model"]["w"], torch.full((3,), 2.0))
+        assert limited.exists(join_uri(uri, checkpoint_name(1)))
+
+        # Once listing works again, the next save prunes everything beyond the newest ``keep``.
+        full = CheckpointManager(uri, keep=1, store=server.store(CIFAR10_KFP_RETRY_BUDGET_S=5))
+        full.save(_state(3), epoch=3, step=3)
+        assert full.list_checkpoints() == [checkpoint_name(3)]

@@ -40,19 +40,66 @@ def _reflect(index: torch.Tensor, size: int) -> torch.Tensor:
 
 
 def flip(images: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mirror the images selected by ``mask`` (N x C x H x W, any dtype)."""
+    """Mirror the images selected by ``mask`` (N x C x H x W, any dtype); ``images`` is left as is."""
+    if images.device.type == "cpu":
+        return _flip_selected_(images.clone(), mask)
+    # On CUDA one fused kernel, and no host sync (selecting the images by index would need one).
     mask = mask.to(images.device).view(-1, 1, 1, 1)
     return torch.where(mask, images.flip(-1), images)
+
+
+def _flip_selected_(images: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mirror the selected images of a CPU batch in place: only they are read, reversed and written.
+
+    Half the work of mirroring the whole batch and then choosing per image with ``torch.where``.
+    """
+    selected = mask.to(images.device).nonzero().squeeze(1)
+    return images.index_copy_(0, selected, images.index_select(0, selected).flip(-1))
 
 
 def translate(images: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor:
     """Shift every image by its own (dy, dx), filling the border by reflection.
 
-    Equivalent to reflect-padding by ``max_shift`` and taking a random crop, but done as one
-    gather on the uint8 batch without materialising a padded copy.
+    Equivalent to reflect-padding by ``max_shift`` and taking a random crop. On the CPU that
+    is what it does: reflect-pad the uint8 batch with slice copies, then take every image's
+    crop with one index over the padded batch's windows (``unfold``). On CUDA it is one gather
+    kernel with no padded copy, which needs no host sync to learn the padding size.
     """
-    n, _, height, width = images.shape
     shifts = shifts.to(images.device)
+    if images.device.type == "cpu":
+        return _translate_padded(images, shifts)
+    return _translate_gather(images, shifts)
+
+
+def _translate_padded(images: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor:
+    n, _, height, width = images.shape
+    pad = int(shifts.abs().max()) if n else 0
+    if pad >= min(height, width):
+        raise ValueError(f"shifts up to {pad} pixels do not fit reflection in {height}x{width} images")
+    padded = _reflect_pad(images, pad)
+    windows = padded.unfold(2, height, 1).unfold(3, width, 1)  # N x C x (2p+1) x (2p+1) x H x W, a view
+    return windows[torch.arange(n), :, shifts[:, 0] + pad, shifts[:, 1] + pad]
+
+
+def _reflect_pad(images: torch.Tensor, pad: int) -> torch.Tensor:
+    """``F.pad(images, (pad,) * 4, mode="reflect")`` for uint8 too: one copy plus 4 * pad row/column copies."""
+    n, c, height, width = images.shape
+    if pad == 0:
+        return images
+    out = images.new_empty(n, c, height + 2 * pad, width + 2 * pad)
+    out[:, :, pad : pad + height, pad : pad + width] = images
+    inner = slice(pad, pad + width)
+    for k in range(1, pad + 1):  # rows first, then columns over the full height (fills the corners)
+        out[:, :, pad - k, inner] = images[:, :, k]
+        out[:, :, pad + height - 1 + k, inner] = images[:, :, height - 1 - k]
+    for k in range(1, pad + 1):
+        out[:, :, :, pad - k] = out[:, :, :, pad + k]
+        out[:, :, :, pad + width - 1 + k] = out[:, :, :, pad + width - 1 - k]
+    return out
+
+
+def _translate_gather(images: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor:
+    n, _, height, width = images.shape
     rows = _reflect(torch.arange(height, device=images.device) + shifts[:, :1], height)  # N x H
     cols = _reflect(torch.arange(width, device=images.device) + shifts[:, 1:], width)  # N x W
     batch = torch.arange(n, device=images.device).view(n, 1, 1)
@@ -70,10 +117,13 @@ class Normalizer:
         self.channels_last = channels_last
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        x = torch.addcmul(self.shift, images.float(), self.scale)
-        if self.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        return x
+        # One fused pass: uint8 is read, converted, scaled and shifted, and written straight into
+        # a fresh buffer in the training memory format (no float or layout intermediate). Fresh
+        # each call: autograd keeps the previous batch alive for the backward pass. Without
+        # channels_last the output keeps the input's layout, as the unfused version did.
+        memory_format = torch.channels_last if self.channels_last else torch.preserve_format
+        out = torch.empty_like(images, dtype=torch.float32, memory_format=memory_format)
+        return torch.addcmul(self.shift, images, self.scale, out=out)
 
 
 def augment_batch(
@@ -83,5 +133,7 @@ def augment_batch(
     if shifts is not None:
         images = translate(images, shifts)
     if flip_mask is not None:
-        images = flip(images, flip_mask)
+        # On the CPU translate returned a fresh batch, so it can be mirrored in place.
+        owned = shifts is not None and images.device.type == "cpu"
+        images = _flip_selected_(images, flip_mask) if owned else flip(images, flip_mask)
     return images

@@ -234,7 +234,7 @@ def train_one_epoch(
         rows = slice(lo, lo + local)
         index = order[rows]
         images = augment_batch(
-            data.images[index],
+            data.images.index_select(0, index),
             flip_mask=flips[rows] if flips is not None else None,
             shifts=shifts[rows] if shifts is not None else None,
         )

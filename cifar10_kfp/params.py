@@ -27,6 +27,7 @@ MAX_NODES = 64  # beyond this, the Trainer's rendezvous and our object-store che
 MAX_SWEEP_TRIALS = 64
 MAX_PARALLELISM = 32
 _SHA256 = re.compile(r"^(sha256:)?[0-9a-fA-F]{64}$")
+_MD5 = re.compile(r"^md5:[0-9a-fA-F]{32}$")
 _MODEL_NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
 
 # Keys one sweep trial may set: the training knobs of the training pipeline.
@@ -84,9 +85,9 @@ def _check_dataset_uri(value: str) -> str | None:
 
 
 def _check_checksum(value: str) -> str | None:
-    if value == "" or _SHA256.match(value):
+    if value == "" or _SHA256.match(value) or _MD5.match(value):
         return None
-    return "use '' (no check) or a sha256 hex digest of 64 characters, optionally prefixed 'sha256:'"
+    return "use '' (no check), sha256:<64 hex digits> (the prefix is optional) or md5:<32 hex digits>"
 
 
 def _check_uri_or_empty(value: str) -> str | None:
@@ -181,7 +182,7 @@ TRAINING_PARAMS: tuple[Param, ...] = (
        "Where the dataset archive is: http(s)://, s3://, minio://, file:// or a path. CIFAR-10 python or "
        "JPEG image-folder tar.gz.", _check_dataset_uri),
     _P("dataset_checksum", str, "",
-       "Expected sha256 of the archive (64 hex characters); empty skips the check.", _check_checksum),
+       "Expected checksum of the archive: sha256:<64 hex> (prefix optional) or md5:<32 hex>; empty skips the check.", _check_checksum),
     _P("val_fraction", float, 0.1,
        "Fraction of the training split held out for validation, in [0, 0.5].", _float_range(0.0, 0.5)),
     _P("max_train_samples", int, 0,

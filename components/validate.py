@@ -39,7 +39,7 @@ def validate_training_params(
 
     Args:
         dataset_uri: Where the dataset archive is.
-        dataset_checksum: Expected sha256 of the archive, or empty.
+        dataset_checksum: Expected checksum of the archive (sha256 or md5:HEX), or empty.
         val_fraction: Validation fraction of the training split.
         max_train_samples: Training-image cap, 0 for all.
         max_test_samples: Test-image cap, 0 for all.
@@ -108,7 +108,7 @@ def validate_sweep_params(
 
     Args:
         dataset_uri: Where the dataset archive is.
-        dataset_checksum: Expected sha256 of the archive, or empty.
+        dataset_checksum: Expected checksum of the archive (sha256 or md5:HEX), or empty.
         val_fraction: Validation fraction of the training split.
         max_train_samples: Training-image cap, 0 for all.
         max_test_samples: Test-image cap, 0 for all.

@@ -100,6 +100,24 @@ def named_task_outputs() -> Iterator[None]:
         io.IOStore.get_parent_input = original
 
 
+@contextlib.contextmanager
+def print_restored() -> Iterator[None]:
+    """Put ``builtins.print`` back after a kfp.local run.
+
+    kfp.local 2.17 indents task logs by swapping ``builtins.print`` inside each task. Iterations of
+    a ``ParallelFor`` run in threads, so the save/restore pairs interleave and an indented
+    ``print`` can outlive the run, indenting everything the caller (a notebook, a test) prints
+    afterwards.
+    """
+    import builtins
+
+    original = builtins.print
+    try:
+        yield
+    finally:
+        builtins.print = original
+
+
 def _resolve_params(pipeline: str, params: dict[str, Any], validate: bool = True):
     """Split into run-time parameters (typed; validated and complete unless ``validate`` is False)
     and compile-time settings."""
@@ -184,7 +202,7 @@ def run_local(
             runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(run_root), raise_on_error=True
         )
         try:
-            with named_task_outputs(), warnings.catch_warnings():
+            with print_restored(), named_task_outputs(), warnings.catch_warnings():
                 # Resources, accelerators, display names and Kubernetes settings are for the cluster;
                 # kfp.local warns once per task that it ignores them.
                 warnings.filterwarnings("ignore", message=".*no effect in the current local runner.*")

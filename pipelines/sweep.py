@@ -55,7 +55,7 @@ def build_sweep_pipeline(policy: ClusterPolicy | None = None, parallelism: int =
 
         Args:
             dataset_uri: Where the dataset archive is: http(s)://, s3://, minio://, file:// or a path. CIFAR-10 python or JPEG image-folder tar.gz.
-            dataset_checksum: Expected sha256 of the archive (64 hex characters); empty skips the check.
+            dataset_checksum: Expected checksum of the archive: sha256:<64 hex> (prefix optional) or md5:<32 hex>; empty skips the check.
             val_fraction: Fraction of the training split held out for validation, in [0, 0.5].
             max_train_samples: Use at most this many training images, stratified by class; 0 uses all.
             max_test_samples: Use at most this many test images, stratified by class; 0 uses all.

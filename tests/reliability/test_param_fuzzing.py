@@ -137,6 +137,7 @@ VALID = {
         st.just(""),
         st.text(alphabet="0123456789abcdefABCDEF", min_size=64, max_size=64),
         st.text(alphabet="0123456789abcdef", min_size=64, max_size=64).map(lambda h: "sha256:" + h),
+        st.text(alphabet="0123456789abcdef", min_size=32, max_size=32).map(lambda h: "md5:" + h),
     ),
     "val_fraction": st.floats(0.0, 0.5),
     "max_train_samples": st.integers(0, 10_000_000),

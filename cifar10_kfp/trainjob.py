@@ -88,6 +88,38 @@ def node_command(request: TrainJobRequest) -> list[str]:
     ]  # fmt: skip
 
 
+# The torch-distributed runtime names its replicated job and trainer container "node".
+RUNTIME_NODE_NAME = "node"
+
+
+def _restricted_pod_patch() -> dict:
+    """A runtime patch giving every node pod the restricted pod-security settings.
+
+    The runtime's template comes from the cluster admin; the patch makes our pods non-root,
+    without privilege escalation or capabilities, under the default seccomp profile, whatever
+    the runtime says, and tolerates GPU node taints.
+    """
+    pod_security = {"runAsNonRoot": True, "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}}
+    container_security = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    pod_spec = {
+        "securityContext": pod_security,
+        "containers": [{"name": RUNTIME_NODE_NAME, "securityContext": container_security}],
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    }
+    job_patch = {"spec": {"template": {"spec": pod_spec}}}
+    return {
+        "manager": "cifar10-kfp",
+        "trainingRuntimeSpec": {
+            "template": {"spec": {"replicatedJobs": [{"name": RUNTIME_NODE_NAME, "template": job_patch}]}}
+        },
+    }
+
+
 def build_trainjob(request: TrainJobRequest) -> dict:
     """The TrainJob manifest, as a plain dict ready for ``CustomObjectsApi``."""
     if request.num_nodes < 1:
@@ -119,6 +151,7 @@ def build_trainjob(request: TrainJobRequest) -> dict:
         "runtimeRef": {"apiGroup": GROUP, "kind": "ClusterTrainingRuntime", "name": request.runtime}
     }
     spec["trainer"] = trainer
+    spec["runtimePatches"] = [_restricted_pod_patch()]
     if request.active_deadline_s > 0:
         spec["activeDeadlineSeconds"] = int(request.active_deadline_s)
     labels = {

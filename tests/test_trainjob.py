@@ -56,6 +56,15 @@ def test_manifest_is_a_valid_trainjob_by_the_typed_models():
         "MINIO_SECRET_KEY": ("mlpipeline-minio-artifact", "secretkey"),
     }
     assert job.to_dict()["spec"]["trainer"]["numNodes"] == 2  # round-trips with the API's field names
+    # every node pod runs under the restricted pod-security settings, whatever the runtime says
+    (patch,) = job.spec.runtime_patches
+    (node,) = patch.training_runtime_spec.template.spec.replicated_jobs
+    pod = node.template.spec.template.spec
+    assert node.name == "node" and pod.security_context.run_as_non_root is True
+    assert pod.security_context.seccomp_profile.type == "RuntimeDefault"
+    (container,) = pod.containers
+    assert container.name == "node" and container.security_context.allow_privilege_escalation is False
+    assert container.security_context.capabilities.drop == ["ALL"]
 
 
 def test_cpu_manifest_requests_no_gpu_and_one_process_per_node():

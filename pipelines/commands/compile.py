@@ -42,6 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def policy_from_args(args: argparse.Namespace):
+    """The default ClusterPolicy with the --image/--minio-endpoint/--minio-secure/--cache options a
+    command has (compile has all four; submit and schedule the first two)."""
     from dataclasses import replace
 
     from pipelines.policy import ClusterPolicy
@@ -51,9 +53,9 @@ def policy_from_args(args: argparse.Namespace):
         policy = replace(policy, image=args.image)
     if args.minio_endpoint:
         policy = replace(policy, minio_endpoint=args.minio_endpoint)
-    if args.minio_secure:
+    if getattr(args, "minio_secure", False):
         policy = replace(policy, minio_secure=True)
-    if args.cache:
+    if getattr(args, "cache", None):
         policy = policy.with_cached_steps(args.cache)
     return policy
 

@@ -50,20 +50,8 @@ def _check_cron(cron: str) -> None:
         )
 
 
-def _policy(args: argparse.Namespace):
-    from dataclasses import replace
-
-    from pipelines.policy import ClusterPolicy
-
-    policy = ClusterPolicy()
-    if args.image:
-        policy = replace(policy, image=args.image)
-    if args.minio_endpoint:
-        policy = replace(policy, minio_endpoint=args.minio_endpoint)
-    return policy
-
-
 def run(args: argparse.Namespace) -> int:
+    from pipelines.commands.compile import policy_from_args
     from pipelines.commands.run_local import parse_params
     from pipelines.kfp_client import (
         compile_for_submit,
@@ -100,7 +88,9 @@ def run(args: argparse.Namespace) -> int:
     params = typed_arguments(args.pipeline, parse_params(args.param))
     experiment_id = ensure_experiment(client, args.experiment, args.namespace)
     with temp_dir() as tmp:
-        package = compile_for_submit(args.pipeline, no_cache=args.no_cache, workdir=tmp, policy=_policy(args))
+        package = compile_for_submit(
+            args.pipeline, no_cache=args.no_cache, workdir=tmp, policy=policy_from_args(args)
+        )
         job = client.create_recurring_run(
             experiment_id=experiment_id,
             job_name=name,

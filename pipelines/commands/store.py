@@ -8,7 +8,9 @@ HELP = "run the embedded SeaweedFS S3 server in the foreground and print the MIN
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-dir", default=None, help="where the server keeps its data (default: a temp dir)")
+    parser.add_argument(
+        "--data-dir", default=None, help="where the server keeps its data (default: a temp dir)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

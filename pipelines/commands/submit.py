@@ -29,29 +29,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _policy(args: argparse.Namespace):
-    from dataclasses import replace
-
-    from pipelines.policy import ClusterPolicy
-
-    policy = ClusterPolicy()
-    if args.image:
-        policy = replace(policy, image=args.image)
-    if args.minio_endpoint:
-        policy = replace(policy, minio_endpoint=args.minio_endpoint)
-    return policy
-
-
 def run(args: argparse.Namespace) -> int:
     import time
 
+    from pipelines.commands.compile import policy_from_args
     from pipelines.commands.run_local import parse_params
     from pipelines.kfp_client import compile_for_submit, make_client, run_url, temp_dir, typed_arguments
 
     arguments = typed_arguments(args.pipeline, parse_params(args.param))
     client = make_client(args.host, args.namespace)
     with temp_dir() as tmp:
-        package = compile_for_submit(args.pipeline, no_cache=args.no_cache, workdir=tmp, policy=_policy(args))
+        package = compile_for_submit(
+            args.pipeline, no_cache=args.no_cache, workdir=tmp, policy=policy_from_args(args)
+        )
         result = client.create_run_from_pipeline_package(
             str(package),
             arguments=arguments,

@@ -353,7 +353,9 @@ class ObjectStore:
                         "check MINIO_ACCESS_KEY and MINIO_SECRET_KEY"
                     ) from exc
                 if not _is_transient(exc):
-                    raise StorageError(f"{what} failed ({exc.code}: {exc.message}) at {self._where(loc)}") from exc
+                    raise StorageError(
+                        f"{what} failed ({exc.code}: {exc.message}) at {self._where(loc)}"
+                    ) from exc
                 last = exc
             except Exception as exc:  # noqa: BLE001 - classified right below
                 if isinstance(exc, StorageError) or not _is_transient(exc):
@@ -411,7 +413,9 @@ class ObjectStore:
             return digest
 
         def op():
-            self.client.put_object(loc.bucket, loc.key, io.BytesIO(data), len(data), metadata={SHA256_META: digest})
+            self.client.put_object(
+                loc.bucket, loc.key, io.BytesIO(data), len(data), metadata={SHA256_META: digest}
+            )
 
         self._call("upload", loc, op)
         return digest
@@ -526,7 +530,9 @@ class ObjectStore:
         expected, data = self._call("download", loc, op)
         actual = hashlib.sha256(data).hexdigest()
         if verify and expected and expected != actual:
-            raise IntegrityError(f"download: sha256 mismatch at {self._where(loc)}: recorded {expected}, got {actual}")
+            raise IntegrityError(
+                f"download: sha256 mismatch at {self._where(loc)}: recorded {expected}, got {actual}"
+            )
         return data
 
     # -- directories ------------------------------------------------------------------

@@ -6,10 +6,10 @@ accuracies -> select the best -> the same gate and publish as ``cifar10-training
 ``ExitHandler`` writes the run summary. Trials train on one node each.
 """
 
-from components.data import download_dataset, preprocess_dataset
 from kfp import dsl
 
 from cifar10_kfp.params import validate_build_params
+from components.data import download_dataset, preprocess_dataset
 from components.evaluate import evaluate_model
 from components.publish import gate_model, publish_model
 from components.summary import record_publication, record_sweep_outputs, select_best_model, write_run_summary

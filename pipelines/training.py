@@ -11,9 +11,9 @@ Cluster settings come from ``pipelines.policy.ClusterPolicy``; ``build_training_
 returns the pipeline compiled with it, ``training_pipeline`` is the default one.
 """
 
-from components.data import download_dataset, preprocess_dataset
 from kfp import dsl
 
+from components.data import download_dataset, preprocess_dataset
 from components.evaluate import evaluate_model
 from components.publish import gate_model, publish_model
 from components.summary import record_publication, record_run_outputs, write_run_summary

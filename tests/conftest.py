@@ -51,7 +51,12 @@ def real_archive() -> Path:
 
 
 def make_tiny_dataset(
-    n_train: int = 256, n_val: int = 64, n_test: int = 128, num_classes: int = 4, image_size: int = 16, seed: int = 0
+    n_train: int = 256,
+    n_val: int = 64,
+    n_test: int = 128,
+    num_classes: int = 4,
+    image_size: int = 16,
+    seed: int = 0,
 ) -> PreparedDataset:
     """A small *learnable* dataset in the prepared format: each class has its own colour and stripe pattern."""
     rng = np.random.default_rng(seed)

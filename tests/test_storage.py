@@ -97,7 +97,9 @@ def test_corrupted_object_is_detected_on_download(store_env: ObjectStore, tmp_pa
     good = b"the real content"
     recorded = hashlib.sha256(good).hexdigest()
     # Simulate bit rot / tampering: content that differs from the checksum recorded beside it.
-    store_env.client.put_object(loc.bucket, loc.key, io.BytesIO(b"the real c0ntent"), 16, metadata={"sha256": recorded})
+    store_env.client.put_object(
+        loc.bucket, loc.key, io.BytesIO(b"the real c0ntent"), 16, metadata={"sha256": recorded}
+    )
     dst = tmp_path / "dst.bin"
     dst.write_bytes(b"previous")
     with pytest.raises(IntegrityError, match="sha256 mismatch"):
@@ -227,4 +229,6 @@ def test_server_binds_loopback_only(embedded_store):
     for line in listening:
         local, state = line.split()[1], line.split()[3]
         if state == "0A" and local.split(":")[1] in ours:  # 0A = LISTEN
-            assert local.split(":")[0] == "0100007F", f"port {int(local.split(':')[1], 16)} is not on 127.0.0.1"
+            assert local.split(":")[0] == "0100007F", (
+                f"port {int(local.split(':')[1], 16)} is not on 127.0.0.1"
+            )

@@ -55,7 +55,9 @@ class PreparedDataset:
         out = {}
         for name in SPLITS:
             _, labels = self.split(name)
-            per_class = np.bincount(labels, minlength=self.num_classes) if len(labels) else [0] * self.num_classes
+            per_class = (
+                np.bincount(labels, minlength=self.num_classes) if len(labels) else [0] * self.num_classes
+            )
             out[name] = {cls: int(n) for cls, n in zip(self.class_names, per_class)}
         return out
 
@@ -77,9 +79,13 @@ class PreparedDataset:
         for name in SPLITS:
             images, labels = self.split(name)
             if images.dtype != np.uint8 or images.ndim != 4 or images.shape[1] != 3:
-                raise ValueError(f"{name}_images must be uint8 [N, 3, H, W], got {images.dtype} {images.shape}")
+                raise ValueError(
+                    f"{name}_images must be uint8 [N, 3, H, W], got {images.dtype} {images.shape}"
+                )
             if labels.dtype != np.int64 or labels.shape != (images.shape[0],):
-                raise ValueError(f"{name}_labels must be int64 [{images.shape[0]}], got {labels.dtype} {labels.shape}")
+                raise ValueError(
+                    f"{name}_labels must be int64 [{images.shape[0]}], got {labels.dtype} {labels.shape}"
+                )
             if len(labels) and (labels.min() < 0 or labels.max() >= self.num_classes):
                 raise ValueError(f"{name}_labels outside [0, {self.num_classes})")
 

@@ -209,7 +209,7 @@ class StorageConfig:
     bucket: str = DEFAULT_BUCKET  # default bucket for keys we derive ourselves
     prefix: str = DEFAULT_PREFIX  # everything we write goes below this prefix
     retry_budget_s: float = DEFAULT_RETRY_BUDGET_S  # total seconds spent retrying one operation
-    allow_dev_credentials: bool = False  # allow minio/minio123, for local development only
+    allow_dev_credentials: bool = False  # accept WELL_KNOWN_DEV_CREDENTIALS, for local development only
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> StorageConfig:

@@ -1,8 +1,9 @@
 """Batched, on-device data path: uint8 images in, normalised (and augmented) floats out.
 
-The whole training set lives on the device as one uint8 tensor. Each step gathers a batch of
-indices, applies the augmentations to the uint8 batch with a handful of tensor ops (no
-per-image Python, no PIL), then converts to float and normalises. Random numbers come from an
+The whole training split lives on the device as uint8, padded once so that each augmented
+batch (random translate + flip) is a single gather of precomputed windows (``TrainBatches``);
+``Normalizer`` then converts it to float and normalises it in the training memory format. No
+per-image Python, no PIL. Random numbers come from an
 explicit ``torch.Generator`` so the data order and augmentations are a pure function of the
 seed and the epoch, which is what makes exact resume and DDP/single-process equivalence work.
 """
@@ -33,54 +34,6 @@ def random_shifts(n: int, max_shift: int, generator: torch.Generator) -> torch.T
     return torch.randint(-max_shift, max_shift + 1, (n, 2), generator=generator)
 
 
-def _reflect(index: torch.Tensor, size: int) -> torch.Tensor:
-    """Mirror out-of-range indices back into [0, size) like reflect padding (no edge repeat)."""
-    index = index.abs()
-    return torch.where(index >= size, 2 * (size - 1) - index, index)
-
-
-def flip(images: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mirror the images selected by ``mask`` (N x C x H x W, any dtype); ``images`` is left as is."""
-    if images.device.type == "cpu":
-        return _flip_selected_(images.clone(), mask)
-    # On CUDA one fused kernel, and no host sync (selecting the images by index would need one).
-    mask = mask.to(images.device).view(-1, 1, 1, 1)
-    return torch.where(mask, images.flip(-1), images)
-
-
-def _flip_selected_(images: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mirror the selected images of a CPU batch in place: only they are read, reversed and written.
-
-    Half the work of mirroring the whole batch and then choosing per image with ``torch.where``.
-    """
-    selected = mask.to(images.device).nonzero().squeeze(1)
-    return images.index_copy_(0, selected, images.index_select(0, selected).flip(-1))
-
-
-def translate(images: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor:
-    """Shift every image by its own (dy, dx), filling the border by reflection.
-
-    Equivalent to reflect-padding by ``max_shift`` and taking a random crop. On the CPU that
-    is what it does: reflect-pad the uint8 batch with slice copies, then take every image's
-    crop with one index over the padded batch's windows (``unfold``). On CUDA it is one gather
-    kernel with no padded copy, which needs no host sync to learn the padding size.
-    """
-    shifts = shifts.to(images.device)
-    if images.device.type == "cpu":
-        return _translate_padded(images, shifts)
-    return _translate_gather(images, shifts)
-
-
-def _translate_padded(images: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor:
-    n, _, height, width = images.shape
-    pad = int(shifts.abs().max()) if n else 0
-    if pad >= min(height, width):
-        raise ValueError(f"shifts up to {pad} pixels do not fit reflection in {height}x{width} images")
-    padded = _reflect_pad(images, pad)
-    windows = padded.unfold(2, height, 1).unfold(3, width, 1)  # N x C x (2p+1) x (2p+1) x H x W, a view
-    return windows[torch.arange(n), :, shifts[:, 0] + pad, shifts[:, 1] + pad]
-
-
 def _reflect_pad(images: torch.Tensor, pad: int) -> torch.Tensor:
     """``F.pad(images, (pad,) * 4, mode="reflect")`` for uint8 too: one copy plus 4 * pad row/column copies."""
     n, c, height, width = images.shape
@@ -98,13 +51,122 @@ def _reflect_pad(images: torch.Tensor, pad: int) -> torch.Tensor:
     return out
 
 
-def _translate_gather(images: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor:
-    n, _, height, width = images.shape
-    rows = _reflect(torch.arange(height, device=images.device) + shifts[:, :1], height)  # N x H
-    cols = _reflect(torch.arange(width, device=images.device) + shifts[:, 1:], width)  # N x W
-    batch = torch.arange(n, device=images.device).view(n, 1, 1)
-    out = images[batch, :, rows[:, :, None], cols[:, None, :]]  # N x H x W x C
-    return out.permute(0, 3, 1, 2)
+class TrainBatches:
+    """The training split on the device, laid out so that every augmented batch is one gather.
+
+    A translate (reflect-pad by ``max_shift``, then crop) and a flip only choose *which*
+    H x W window of a padded image the model sees: mirroring the padded image and cropping at
+    (dy, -dx) is the same as cropping at (dy, dx) and mirroring. So the split is reflect-padded
+    once per run, with a mirrored copy beside it when flipping, and an overlapping
+    ``as_strided`` view holds every possible window as one row. A batch is then
+    ``index_select`` of its window rows: one pass that writes each output byte once, with no
+    padded, shifted or flipped intermediates and no per-image Python, on the CPU and on CUDA.
+
+    The order and augmentations of an epoch are drawn from ``epoch_generator(seed, epoch)``
+    in a fixed sequence (permutation, flips, shifts), so they are a pure function of the seed
+    and the epoch: exact resume and DDP/single-process equivalence rest on that. The windows
+    are stored NHWC when ``channels_last`` (batches come out channels_last, as oneDNN and
+    tensor-core convs want them), NCHW otherwise.
+
+    Memory: the padded split, twice with ``flip``: 2 x 1.27 x the uint8 split for CIFAR-10.
+    """
+
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        *,
+        max_shift: int = 0,
+        flip: bool = False,
+        channels_last: bool = False,
+    ):
+        n, channels, height, width = images.shape
+        if not 0 <= max_shift < min(height, width):
+            raise ValueError(
+                f"translate={max_shift} does not fit reflection in {height}x{width} images "
+                f"(needs 0 <= translate < {min(height, width)})"
+            )
+        self.labels, self.max_shift, self.flip = labels, max_shift, flip
+        self.image_shape = (channels, height, width)
+        self.channels_last = channels_last
+        self._n, self._windows, self._offsets = n, *self._build_windows(images)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _build_windows(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
+        """The padded (and mirrored) split, and the overlapping view with one row per window."""
+        n, channels, height, width = images.shape
+        pad = self.max_shift
+        padded = _reflect_pad(images, pad)
+        if self.channels_last:
+            padded = padded.permute(0, 2, 3, 1)  # N x Hp x Wp x C
+        copies = 2 if self.flip else 1
+        store = images.new_empty((copies * n, *padded.shape[1:]))
+        store[:n] = padded
+        if self.flip:
+            store[n:] = store[:n].flip(2 if self.channels_last else 3)
+        image_stride = store.stride(0)
+        if self.channels_last:  # row m of the view starts at element m (a pixel's first channel)
+            shape, strides = (height, width, channels), (store.stride(1), store.stride(2), 1)
+            row_step, col_step = store.stride(1), store.stride(2)
+        else:
+            shape, strides = (channels, height, width), (store.stride(1), store.stride(2), 1)
+            row_step, col_step = store.stride(2), 1
+        last_element = sum((size - 1) * stride for size, stride in zip(shape, strides))
+        windows = store.as_strided((store.numel() - last_element, *shape), (1, *strides))
+        return windows, (image_stride, row_step, col_step)
+
+    def window_rows(self, index: torch.Tensor, flips: torch.Tensor | None, shifts: torch.Tensor | None):
+        """Row of ``_windows`` holding each image ``index[i]`` shifted by ``shifts[i]``, mirrored if ``flips[i]``."""
+        pad = self.max_shift
+        image_stride, row_step, col_step = self._offsets
+        dy = dx = torch.full_like(index, pad)
+        if shifts is not None:
+            if shifts.numel() and int(shifts.abs().max()) > pad:
+                raise ValueError(f"shifts up to {int(shifts.abs().max())} pixels exceed translate={pad}")
+            dy, dx = shifts[:, 0] + pad, shifts[:, 1] + pad
+        image = index
+        if flips is not None:
+            if not self.flip:
+                raise ValueError("flips were drawn but the batches were built with flip=False")
+            image = index + flips.long() * self._n
+            dx = torch.where(flips, 2 * pad - dx, dx)  # the mirrored copy's window for (dy, dx)
+        return image * image_stride + dy * row_step + dx * col_step
+
+    def gather(self, rows: torch.Tensor) -> torch.Tensor:
+        """uint8 N x C x H x W batch of the given window rows (channels_last when built so)."""
+        out = self._windows.index_select(0, rows)
+        return out.permute(0, 3, 1, 2) if self.channels_last else out
+
+    def epoch(self, seed: int, epoch: int, batch_size: int, rank: int = 0, world_size: int = 1):
+        """Yield one epoch of (uint8 images, labels) for ``rank``: ``len // batch_size`` steps.
+
+        ``batch_size`` is global: each step's permuted slice is split evenly across the ranks,
+        and rank r takes the r-th part, so a DDP run sees exactly the single-process batches.
+        """
+        generator = epoch_generator(seed, epoch)
+        steps = len(self) // batch_size
+        local = batch_size // world_size
+        order = torch.randperm(len(self), generator=generator)[: steps * batch_size]
+        flips = random_flip_mask(len(order), generator) if self.flip else None
+        shifts = random_shifts(len(order), self.max_shift, generator) if self.max_shift else None
+
+        def mine(values: torch.Tensor | None) -> torch.Tensor | None:  # this rank's rows, in step order
+            if values is None:
+                return None
+            return values.view(steps, world_size, local, *values.shape[1:])[:, rank].reshape(
+                -1, *values.shape[1:]
+            )
+
+        index = mine(order)
+        device = self.labels.device
+        # The whole epoch's window rows and labels at once: per step only two slices remain.
+        rows = self.window_rows(index, mine(flips), mine(shifts)).to(device)
+        labels = self.labels.index_select(0, index.to(device))
+        for i in range(steps):
+            step = slice(i * local, (i + 1) * local)
+            yield self.gather(rows[step]), labels[step]
 
 
 class Normalizer:
@@ -115,25 +177,29 @@ class Normalizer:
         self.shift = (-torch.tensor(mean, dtype=torch.float32, device=device)).view(1, -1, 1, 1)
         self.shift = self.shift / torch.tensor(std, dtype=torch.float32, device=device).view(1, -1, 1, 1)
         self.channels_last = channels_last
+        self._expanded: dict = {}
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        # One fused pass: uint8 is read, converted, scaled and shifted, and written straight into
-        # a fresh buffer in the training memory format (no float or layout intermediate). Fresh
-        # each call: autograd keeps the previous batch alive for the backward pass. Without
-        # channels_last the output keeps the input's layout, as the unfused version did.
-        memory_format = torch.channels_last if self.channels_last else torch.preserve_format
-        out = torch.empty_like(images, dtype=torch.float32, memory_format=memory_format)
-        return torch.addcmul(self.shift, images, self.scale, out=out)
+        # Two vectorised passes over a fresh buffer in the training memory format: a plain
+        # uint8 -> float copy, then an in-place multiply-add with scale and shift laid out like
+        # the batch, so every operand streams contiguously. (One addcmul straight from uint8
+        # casts per element, and per-channel constants broadcast over NHWC defeat
+        # vectorisation: each measured 2-5x slower on the CPU.) Fresh each call: autograd keeps
+        # the previous batch alive for the backward pass.
+        memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
+        out = torch.empty(
+            images.shape, dtype=torch.float32, device=images.device, memory_format=memory_format
+        )
+        out.copy_(images)
+        scale, shift = self._constants(tuple(images.shape[1:]), memory_format)
+        return torch.addcmul(shift, out, scale, out=out)
 
-
-def augment_batch(
-    images: torch.Tensor, *, flip_mask: torch.Tensor | None, shifts: torch.Tensor | None
-) -> torch.Tensor:
-    """Apply the (optional) translate and flip to a uint8 batch."""
-    if shifts is not None:
-        images = translate(images, shifts)
-    if flip_mask is not None:
-        # On the CPU translate returned a fresh batch, so it can be mirrored in place.
-        owned = shifts is not None and images.device.type == "cpu"
-        images = _flip_selected_(images, flip_mask) if owned else flip(images, flip_mask)
-    return images
+    def _constants(self, image_shape: tuple, memory_format) -> tuple[torch.Tensor, torch.Tensor]:
+        """scale and shift expanded to one whole image in ``memory_format`` (cached per shape)."""
+        key = (image_shape, memory_format)
+        if key not in self._expanded:
+            self._expanded[key] = tuple(
+                t.expand(1, *image_shape).contiguous(memory_format=memory_format)
+                for t in (self.scale, self.shift)
+            )
+        return self._expanded[key]

@@ -1,8 +1,8 @@
 """The training engine: ``train_one_epoch``, ``evaluate``, ``train`` and the command line.
 
 Shape follows torchvision's references; the data path follows airbench: the whole dataset sits on
-the device as uint8, every step gathers a batch by index and augments + normalises it with a few
-batched tensor ops. Determinism: the data order and augmentations come from a generator seeded by
+the device as uint8, padded once so that every step's augmented batch is one gather, then
+normalised in one batched pass (``cifar10_kfp.augment``). Determinism: the data order and augmentations come from a generator seeded by
 (seed, epoch); on CPU a seed gives bitwise-identical weights, and a run resumed from a checkpoint
 ends bitwise equal to an uninterrupted one. On CUDA, ``deterministic=True`` sets
 ``torch.use_deterministic_algorithms(True)``, ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` and
@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cifar10_kfp.augment import Normalizer, augment_batch, epoch_generator, random_flip_mask, random_shifts
+from cifar10_kfp.augment import Normalizer, TrainBatches
 from cifar10_kfp.checkpoint import CheckpointManager, capture_rng_state, check_compatible, restore_rng_state
 from cifar10_kfp.config import TrainConfig, add_train_arguments, config_from_args
 from cifar10_kfp.distributed import (
@@ -199,7 +199,7 @@ def train_one_epoch(
     scaler,
     ema: ModelEMA | None,
     ema_target: nn.Module,
-    data: DeviceData,
+    data: TrainBatches,
     normalizer: Normalizer,
     config: TrainConfig,
     epoch: int,
@@ -210,35 +210,20 @@ def train_one_epoch(
 ) -> tuple[dict, int]:
     """One pass over the training split; returns (mean loss/acc/images, new global step)."""
     model.train()
-    generator = epoch_generator(config.seed, epoch)
     steps = len(data) // batch_size
-    order = torch.randperm(len(data), generator=generator)[: steps * batch_size]
-    flips = random_flip_mask(len(order), generator) if config.flip else None
-    shifts = random_shifts(len(order), config.translate, generator) if config.translate else None
-    device = runtime.device
-    order = order.to(device)
-    flips = flips.to(device) if flips is not None else None
-    shifts = shifts.to(device) if shifts is not None else None
     local = batch_size // runtime.world_size
+    device = runtime.device
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), device=device, dtype=torch.long)
     autocast = autocast_context(config, device)
     ema_active = epoch >= config.ema_start_epoch
-    iterator = range(steps)
+    batches = data.epoch(config.seed, epoch, batch_size, runtime.rank, runtime.world_size)
     if show_bar:
         from tqdm import tqdm
 
-        iterator = tqdm(iterator, desc=f"epoch {epoch + 1}", leave=False, dynamic_ncols=True)
-    for i in iterator:
-        lo = i * batch_size + runtime.rank * local
-        rows = slice(lo, lo + local)
-        index = order[rows]
-        images = augment_batch(
-            data.images.index_select(0, index),
-            flip_mask=flips[rows] if flips is not None else None,
-            shifts=shifts[rows] if shifts is not None else None,
-        )
-        inputs, targets = normalizer(images), data.labels[index]
+        batches = tqdm(batches, total=steps, desc=f"epoch {epoch + 1}", leave=False, dynamic_ncols=True)
+    for images, targets in batches:
+        inputs = normalizer(images)
         with autocast:
             logits = model(inputs)
             loss = F.cross_entropy(logits, targets, label_smoothing=config.label_smoothing)
@@ -384,7 +369,13 @@ def _train_process(config: TrainConfig, data: str, output_dir: Path, checkpoint_
 
         dataset = load_prepared(data)
         eval_split = _pick_eval_split(dataset, config)
-        train_data = DeviceData.from_numpy(dataset.train_images, dataset.train_labels, device)
+        train_data = TrainBatches(
+            torch.from_numpy(dataset.train_images).to(device),
+            torch.from_numpy(dataset.train_labels).to(device),
+            max_shift=config.translate,
+            flip=config.flip,
+            channels_last=config.channels_last,
+        )
         eval_data = DeviceData.from_numpy(*dataset.split(eval_split), device)
         if len(eval_data) == 0:
             raise ValueError(f"the {eval_split!r} split of {data} is empty: nothing to evaluate on")

@@ -1,8 +1,8 @@
-"""The fast batched augmentations give exactly the bytes of the straightforward implementations.
+"""The one-gather training batches give exactly the bytes of the straightforward implementations.
 
 The references below are the original implementations (one 4-tensor gather for translate,
 ``torch.where`` over a fully mirrored copy for flip, float + addcmul + layout copy for the
-normaliser). Training determinism, exact resume and DDP equivalence depend on the fast ones
+normaliser). Training determinism, exact resume and DDP equivalence depend on the fast path
 producing the same values from the same random draws, so every comparison is ``torch.equal``.
 """
 
@@ -13,12 +13,10 @@ import torch
 
 from cifar10_kfp.augment import (
     Normalizer,
-    augment_batch,
+    TrainBatches,
     epoch_generator,
-    flip,
     random_flip_mask,
     random_shifts,
-    translate,
 )
 
 
@@ -44,7 +42,7 @@ def reference_normalise(images, mean, std, channels_last: bool) -> torch.Tensor:
     scale = 1.0 / (255.0 * std_t)
     shift = -torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1) / std_t
     x = torch.addcmul(shift, images.float(), scale)
-    return x.contiguous(memory_format=torch.channels_last) if channels_last else x
+    return x.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
 
 
 def _batch(n: int, height: int, width: int, seed: int, channels: int = 3) -> torch.Tensor:
@@ -55,71 +53,129 @@ def _batch(n: int, height: int, width: int, seed: int, channels: int = 3) -> tor
 SIZES = [(1, 32, 32), (7, 32, 32), (256, 32, 32), (33, 8, 8), (5, 5, 9), (6, 12, 4), (3, 2, 2)]
 
 
+def _augmented(images, *, shifts=None, flips=None, channels_last=False, index=None):
+    """The batch TrainBatches gathers for these draws (all images, in order, unless ``index``)."""
+    max_shift = int(shifts.abs().max()) if shifts is not None and shifts.numel() else 0
+    batches = TrainBatches(
+        images,
+        torch.zeros(len(images), dtype=torch.long),
+        max_shift=max_shift,
+        flip=flips is not None,
+        channels_last=channels_last,
+    )
+    index = torch.arange(len(images)) if index is None else index
+    return batches.gather(batches.window_rows(index, flips, shifts))
+
+
+def _reference(images, *, shifts=None, flips=None, index=None):
+    out = images if index is None else images[index]
+    if shifts is not None:
+        out = reference_translate(out, shifts)
+    if flips is not None:
+        out = reference_flip(out, flips)
+    return out
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("n,height,width", SIZES)
 @pytest.mark.parametrize("max_shift", [0, 1, 2, 4])
-def test_translate_is_bit_identical_to_the_reference(n, height, width, max_shift):
+def test_translate_is_bit_identical_to_the_reference(n, height, width, max_shift, channels_last):
     max_shift = min(max_shift, min(height, width) - 1)  # reflection needs a shift below the size
     images = _batch(n, height, width, seed=n * 100 + max_shift)
     for seed in range(3):
         shifts = random_shifts(n, max_shift, epoch_generator(seed, max_shift))
-        out = translate(images, shifts)
+        out = _augmented(images, shifts=shifts, channels_last=channels_last)
         assert out.dtype == torch.uint8 and out.shape == images.shape
+        assert out.is_contiguous(
+            memory_format=torch.channels_last if channels_last else torch.contiguous_format
+        )
         assert torch.equal(out, reference_translate(images, shifts))
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("height,width,shift", [(32, 32, 4), (8, 8, 7), (5, 9, 4)])
-def test_translate_extreme_and_mixed_shifts(height, width, shift):
+def test_translate_extreme_and_mixed_shifts(height, width, shift, channels_last):
     """Every corner of the shift range, zero, and rows where only one axis moves, in one batch."""
     values = [-shift, -1, 0, 1, shift]
     shifts = torch.tensor([(dy, dx) for dy in values for dx in values])
     images = _batch(len(shifts), height, width, seed=shift)
-    assert torch.equal(translate(images, shifts), reference_translate(images, shifts))
-    zero = torch.zeros(len(shifts), 2, dtype=torch.int64)
-    assert torch.equal(translate(images, zero), images)
+    out = _augmented(images, shifts=shifts, channels_last=channels_last)
+    assert torch.equal(out, reference_translate(images, shifts))
+    flips = torch.arange(len(shifts)) % 2 == 0
+    out = _augmented(images, shifts=shifts, flips=flips, channels_last=channels_last)
+    assert torch.equal(out, _reference(images, shifts=shifts, flips=flips))
 
 
-def test_translate_leaves_its_input_alone_and_handles_other_channel_counts():
+def test_gather_leaves_its_input_alone_and_handles_other_channel_counts():
     images = _batch(9, 16, 16, seed=1, channels=1)
     before = images.clone()
     shifts = random_shifts(9, 3, epoch_generator(1, 1))
-    assert torch.equal(translate(images, shifts), reference_translate(images, shifts))
+    flips = random_flip_mask(9, epoch_generator(1, 2))
+    for channels_last in (False, True):
+        out = _augmented(images, shifts=shifts, flips=flips, channels_last=channels_last)
+        assert torch.equal(out, _reference(images, shifts=shifts, flips=flips))
     assert torch.equal(images, before)
 
 
-def test_translate_refuses_a_shift_that_reflection_cannot_fill():
+def test_translate_that_reflection_cannot_fill_is_refused_by_name():
     images = _batch(2, 4, 4, seed=0)
-    with pytest.raises(ValueError, match="shifts up to 4 pixels"):
-        translate(images, torch.tensor([[0, 4], [0, 0]]))
+    with pytest.raises(ValueError, match="translate=4 does not fit reflection in 4x4 images"):
+        TrainBatches(images, torch.zeros(2, dtype=torch.long), max_shift=4)
+    batches = TrainBatches(images, torch.zeros(2, dtype=torch.long), max_shift=1)
+    with pytest.raises(ValueError, match="shifts up to 2 pixels exceed translate=1"):
+        batches.window_rows(torch.arange(2), None, torch.tensor([[0, 2], [0, 0]]))
+    with pytest.raises(ValueError, match="flip=False"):
+        batches.window_rows(torch.arange(2), torch.tensor([True, False]), None)
 
 
 @pytest.mark.parametrize("n", [1, 2, 17, 256])
-def test_flip_is_bit_identical_to_the_reference_and_leaves_its_input(n):
+def test_flip_is_bit_identical_to_the_reference(n):
     images = _batch(n, 32, 32, seed=n)
-    before = images.clone()
     for seed in range(3):
         mask = random_flip_mask(n, epoch_generator(seed, n))
-        assert torch.equal(flip(images, mask), reference_flip(images, mask))
+        assert torch.equal(_augmented(images, flips=mask), reference_flip(images, mask))
     for mask in (torch.zeros(n, dtype=torch.bool), torch.ones(n, dtype=torch.bool)):
-        assert torch.equal(flip(images, mask), reference_flip(images, mask))
-    assert torch.equal(images, before)
+        assert torch.equal(_augmented(images, flips=mask, channels_last=True), reference_flip(images, mask))
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize(
     "use_flip,use_translate", [(True, True), (True, False), (False, True), (False, False)]
 )
-def test_augment_batch_is_bit_identical_to_the_reference(use_flip, use_translate):
-    images = _batch(64, 32, 32, seed=3)
-    before = images.clone()
+def test_epoch_batches_are_the_reference_augmentations_of_the_epoch_draws(
+    use_flip, use_translate, channels_last
+):
+    """An epoch: permutation, then flips, then shifts from the epoch's generator; last partial batch dropped."""
+    images, labels = _batch(70, 8, 8, seed=3), torch.arange(70) * 3
+    batches = TrainBatches(
+        images, labels, max_shift=2 if use_translate else 0, flip=use_flip, channels_last=channels_last
+    )
     generator = epoch_generator(5, 2)
-    mask = random_flip_mask(64, generator) if use_flip else None
+    order = torch.randperm(70, generator=generator)[:64]
+    flips = random_flip_mask(64, generator) if use_flip else None
     shifts = random_shifts(64, 2, generator) if use_translate else None
-    expected = images
-    if shifts is not None:
-        expected = reference_translate(expected, shifts)
-    if mask is not None:
-        expected = reference_flip(expected, mask)
-    assert torch.equal(augment_batch(images, flip_mask=mask, shifts=shifts), expected)
-    assert torch.equal(images, before)
+    got = list(batches.epoch(seed=5, epoch=2, batch_size=16))
+    assert len(got) == 4
+    for i, (batch, batch_labels) in enumerate(got):
+        rows = slice(16 * i, 16 * (i + 1))
+        expected = _reference(
+            images,
+            index=order[rows],
+            flips=flips[rows] if flips is not None else None,
+            shifts=shifts[rows] if shifts is not None else None,
+        )
+        assert torch.equal(batch, expected) and torch.equal(batch_labels, labels[order[rows]])
+
+
+def test_each_rank_gets_its_share_of_the_single_process_batch():
+    """DDP: rank r's part of step i is the r-th slice of the single-process step i, for every rank."""
+    images, labels = _batch(50, 8, 8, seed=9), torch.arange(50)
+    batches = TrainBatches(images, labels, max_shift=2, flip=True, channels_last=True)
+    single = list(batches.epoch(seed=1, epoch=3, batch_size=12))
+    per_rank = [list(batches.epoch(seed=1, epoch=3, batch_size=12, rank=r, world_size=3)) for r in range(3)]
+    for step, (whole, whole_labels) in enumerate(single):
+        assert torch.equal(torch.cat([per_rank[r][step][0] for r in range(3)]), whole)
+        assert torch.equal(torch.cat([per_rank[r][step][1] for r in range(3)]), whole_labels)
 
 
 def test_random_draws_are_unchanged():
@@ -138,7 +194,9 @@ def test_normalizer_is_bit_identical_to_the_reference(channels_last):
     mean, std = [0.4914, 0.4822, 0.4465], [0.247, 0.2435, 0.2616]
     normalizer = Normalizer(mean, std, torch.device("cpu"), channels_last=channels_last)
     images = _batch(50, 32, 32, seed=4)
-    for batch in (images, reference_translate(images, random_shifts(50, 2, epoch_generator(0, 1)))):
+    shifts = random_shifts(50, 2, epoch_generator(0, 1))
+    nhwc = _augmented(images, shifts=shifts, channels_last=True)  # what TrainBatches hands over
+    for batch in (images, reference_translate(images, shifts), nhwc, images[:, :, 3:19, 5:13]):
         out = normalizer(batch)
         assert out.dtype == torch.float32
         expected = reference_normalise(batch, mean, std, channels_last)

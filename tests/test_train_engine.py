@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from cifar10_kfp.augment import Normalizer, epoch_generator, flip, random_shifts, translate
+from cifar10_kfp.augment import Normalizer, TrainBatches, epoch_generator, random_shifts
 from cifar10_kfp.config import make_config
 from cifar10_kfp.data.format import save_prepared
 from cifar10_kfp.engine import LinearSchedule, ProgressPrinter, default_checkpoint_uri, train
@@ -34,7 +34,8 @@ def _weights(result):
 def test_translate_equals_reflect_pad_and_crop():
     images = torch.randint(0, 256, (6, 3, 8, 8), dtype=torch.uint8)
     shifts = random_shifts(6, 2, epoch_generator(0, 0))
-    out = translate(images, shifts)
+    batches = TrainBatches(images, torch.zeros(6, dtype=torch.long), max_shift=2, channels_last=True)
+    out = batches.gather(batches.window_rows(torch.arange(6), None, shifts))
     padded = torch.nn.functional.pad(images.float(), (2, 2, 2, 2), mode="reflect")
     for i, (dy, dx) in enumerate(shifts.tolist()):
         expected = padded[i, :, 2 + dy : 2 + dy + 8, 2 + dx : 2 + dx + 8]
@@ -44,7 +45,8 @@ def test_translate_equals_reflect_pad_and_crop():
 
 def test_flip_mirrors_only_selected_images():
     images = torch.arange(2 * 3 * 2 * 4, dtype=torch.uint8).view(2, 3, 2, 4)
-    out = flip(images, torch.tensor([True, False]))
+    batches = TrainBatches(images, torch.zeros(2, dtype=torch.long), flip=True)
+    out = batches.gather(batches.window_rows(torch.arange(2), torch.tensor([True, False]), None))
     assert torch.equal(out[0], images[0].flip(-1)) and torch.equal(out[1], images[1])
 
 

@@ -19,7 +19,10 @@ and it never moves to an older version. A failed publish leaves ``latest`` untou
 
 The TorchScript program takes **raw uint8 images** ``[N, 3, H, W]`` (0..255, RGB) and
 returns **logits** ``[N, num_classes]``: the normalization with the model's mean/std happens
-inside, so a serving client sends pixels and never needs the statistics.
+inside, so a serving client sends pixels and never needs the statistics (``cifar10_kfp.torchscript``).
+
+Only publishing and comparing against a published champion import torch: a gate with nothing
+published yet reads one pointer and decides.
 """
 
 from __future__ import annotations
@@ -30,13 +33,9 @@ import os
 import re
 import shutil
 import tempfile
-import warnings
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-
-import torch
-from torch import nn
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +44,6 @@ CARD_MD = "model_card.md"
 CARD_JSON = "model_card.json"  # written last: marks a complete version
 MANIFEST_FILE = "inference_service.yaml"
 LATEST = "latest"
-TORCHSCRIPT_ATOL = 1e-4  # max |scripted - eager| logit difference accepted before publishing
 
 _MODEL_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")  # same rule as cifar10_kfp.params
 
@@ -120,13 +118,13 @@ def evaluate_champion(model_name: str, data_path_or_uri, *, store=None, root: st
 
     Returns ``(None, None)`` when nothing is published yet.
     """
-    from cifar10_kfp.evaluate import evaluate_loaded
-
     store = _store(store)
     pointer = latest_version(model_name, store=store, root=root)
     if pointer is None:
         return None, None
+    # Imported only now: with no champion the gate needs no torch (a second of import per task).
     from cifar10_kfp.data.format import load_prepared
+    from cifar10_kfp.evaluate import evaluate_loaded
     from cifar10_kfp.serving import load_published
 
     model, preprocess = load_published(pointer["uri"], store=store, device=device or "cpu")
@@ -252,50 +250,6 @@ def _store(store):
     return store if store is not None else ObjectStore()
 
 
-# ----------------------------------------------------------------------- TorchScript
-
-
-class RawImageClassifier(nn.Module):
-    """Wraps a classifier so it takes raw uint8 ``[N, 3, H, W]`` pixels and normalizes inside."""
-
-    def __init__(self, model: nn.Module, mean: list[float], std: list[float]):
-        super().__init__()
-        self.model = model
-        # pixel units (0..255), so the forward pass is one subtract and one divide
-        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1) * 255)
-        self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1) * 255)
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.model((images.to(torch.float32) - self.mean) / self.std)
-
-
-def export_torchscript(model: nn.Module, info, path: str | os.PathLike) -> Path:
-    """Trace ``RawImageClassifier(model)`` on CPU, save it, and check it against the eager model."""
-    wrapped = RawImageClassifier(model.cpu().eval(), info.mean, info.std).eval()
-    generator = torch.Generator().manual_seed(0)
-    example = torch.randint(
-        0, 256, (4, 3, info.image_size, info.image_size), dtype=torch.uint8, generator=generator
-    )
-    with warnings.catch_warnings():
-        # TorchScript is deprecated in favour of torch.export, but it is what Triton's libtorch
-        # backend (KServe's PyTorch runtime) loads.
-        warnings.simplefilter("ignore", FutureWarning)
-        with torch.no_grad():
-            traced = torch.jit.trace(wrapped, example)
-            check = torch.randint(
-                0, 256, (3, 3, info.image_size, info.image_size), dtype=torch.uint8, generator=generator
-            )
-            diff = (traced(check) - wrapped(check)).abs().max().item()
-        if diff > TORCHSCRIPT_ATOL:
-            raise PublishError(
-                f"TorchScript output differs from the eager model by {diff:g} (> {TORCHSCRIPT_ATOL})"
-            )
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.jit.save(traced, str(path))
-    return path
-
-
 def triton_config(name: str, info, max_batch_size: int = 256) -> str:
     """``config.pbtxt`` for Triton's libtorch backend: uint8 [3, H, W] in, float32 logits out."""
     return (
@@ -418,6 +372,7 @@ def publish_model(
     from cifar10_kfp.models import INFO_FILE, WEIGHTS_FILE, load_model
     from cifar10_kfp.serving import inference_service_manifest, manifest_yaml, serving_name
     from cifar10_kfp.storage import StorageError, join_uri
+    from cifar10_kfp.torchscript import export_torchscript
 
     validate_model_name(model_name)
     store = _store(store)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import yaml
 from kfp import dsl
@@ -10,6 +12,7 @@ from kfp import dsl
 from cifar10_kfp.publish import latest_version
 from cifar10_kfp.storage import join_uri
 from components.publish import gate_model, publish_model
+from tests.conftest import ROOT
 from tests.test_evaluate import trained_model_dir  # noqa: F401 - fixture
 
 
@@ -95,3 +98,22 @@ def test_publish_components_spec(tmp_path):
         assert {"bucket", "storage_prefix", "model_name"} <= set(
             spec["root"]["inputDefinitions"]["parameters"]
         )
+
+
+def test_a_gate_with_nothing_published_does_not_import_torch(store_env, tiny_dataset_path, tmp_path):
+    """Each pipeline task is a fresh process; the first gate of a model name reads one pointer, so it
+    must not spend a second importing torch (the champion is only evaluated when there is one)."""
+    store_env.ensure_bucket()
+    code = f"""
+import sys
+from kfp import dsl
+from components.publish import gate_model
+out = gate_model.python_func(
+    model=dsl.Model(uri={str(tmp_path / "model")!r}), dataset=dsl.Dataset(uri={str(tiny_dataset_path)!r}),
+    test_accuracy=0.9, min_accuracy=0.5, model_name="never-published", bucket="", storage_prefix="",
+    decision=dsl.Artifact(uri={str(tmp_path / "decision.json")!r}),
+)
+assert out.passed and out.champion_accuracy == -1.0, out
+assert "torch" not in sys.modules, "the gate imported torch"
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)

@@ -15,13 +15,14 @@ from components.publish import gate_model, publish_model
 from components.summary import record_publication, record_sweep_outputs, select_best_model, write_run_summary
 from components.train import train_model
 from components.validate import validate_sweep_params
-from pipelines.policy import ClusterPolicy
+from pipelines.policy import ClusterPolicy, quick_task_settings
 
 PIPELINE_NAME = "cifar10-sweep"
 RUN_ID = dsl.PIPELINE_JOB_ID_PLACEHOLDER
 DEFAULT_PARALLELISM = 2  # trials at once; `compile --sweep-parallelism` or run-local's parallelism=N
 
 
+@quick_task_settings()
 def build_sweep_pipeline(policy: ClusterPolicy | None = None, parallelism: int = DEFAULT_PARALLELISM):
     """The ``cifar10-sweep`` pipeline with ``policy``'s cluster settings and trial ``parallelism`` baked in."""
     policy = policy or ClusterPolicy()

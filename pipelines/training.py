@@ -20,7 +20,7 @@ from components.summary import record_publication, record_run_outputs, write_run
 from components.train import train_model
 from components.trainjob import train_on_trainer
 from components.validate import validate_training_params
-from pipelines.policy import ClusterPolicy
+from pipelines.policy import ClusterPolicy, quick_task_settings
 
 PIPELINE_NAME = "cifar10-training"
 RUN_ID = dsl.PIPELINE_JOB_ID_PLACEHOLDER  # the run's uuid on a cluster; a random id under kfp.local
@@ -59,6 +59,7 @@ def evaluate_and_publish(policy, *, train, archive, dataset, params_json, min_ac
         policy.step(published, "record")
 
 
+@quick_task_settings()
 def build_training_pipeline(policy: ClusterPolicy | None = None):
     """The ``cifar10-training`` pipeline with ``policy``'s cluster settings baked in."""
     policy = policy or ClusterPolicy()

@@ -209,3 +209,46 @@ def test_compile_options_change_image_endpoint_caching_and_parallelism(tmp_path)
     [loop] = [t for n, t in _tasks(sweep_spec).items() if n.startswith("for-loop-")]
     assert loop["iteratorPolicy"]["parallelismLimit"] == 5
     assert main(["compile", "--output-dir", str(tmp_path), "--cache", "everything"]) == 2
+
+
+def test_building_a_pipeline_does_not_walk_the_stack(monkeypatch):
+    """kfp's task settings call inspect.stack() (slow: source of every frame); the builders avoid it."""
+    import inspect
+
+    from pipelines.sweep import build_sweep_pipeline
+    from pipelines.training import build_training_pipeline
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("inspect.stack() called while building a pipeline")
+
+    monkeypatch.setattr(inspect, "stack", refuse)
+    build_training_pipeline(ClusterPolicy())
+    build_sweep_pipeline(ClusterPolicy())
+
+
+def test_quick_task_settings_keeps_kfps_error_for_a_task_without_a_container():
+    from kfp import dsl
+
+    from components.summary import record_publication
+    from pipelines.policy import quick_task_settings
+
+    @dsl.pipeline(name="inner")
+    def inner():
+        record_publication(uri="u", version="v", run_id="r", bucket="", storage_prefix="")
+
+    def message() -> str:
+        errors = []
+
+        @dsl.pipeline(name="outer")
+        def outer():
+            with pytest.raises(ValueError) as caught:
+                inner().set_cpu_limit("1")  # a pipeline used as a component
+            errors.append(str(caught.value))
+
+        return errors[0]
+
+    plain = message()
+    with quick_task_settings():
+        quick = message()
+    assert quick == plain
+    assert plain.startswith("set_cpu_limit can only be used on single-step components")

@@ -20,9 +20,11 @@ settings (secrets, tolerations) are ignored with a warning; ``set_env_variable``
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import logging
 import os
+import sys
 import time
 import warnings
 from collections.abc import Iterator
@@ -135,11 +137,28 @@ def _resolve_params(pipeline: str, params: dict[str, Any], validate: bool = True
     return (validate_pipeline_params(run, pipeline) if validate else coerce_params(run, pipeline)), build
 
 
-def local_defaults(params: dict[str, Any]) -> dict[str, Any]:
-    """On a machine without CUDA, default to the ``cpu`` preset and no GPUs (unless the caller chose)."""
+# Device nodes of the GPU drivers torch can use on Linux: NVIDIA (Jetson's too), AMD ROCm, WSL.
+GPU_DEVICE_GLOBS = ("/dev/nvidia*", "/dev/nvhost-*", "/dev/nvgpu*", "/dev/nvmap", "/dev/kfd", "/dev/dxg")
+
+
+def cuda_available() -> bool:
+    """``torch.cuda.is_available()``, answered without importing torch on Linux without a GPU driver.
+
+    Importing torch costs this process about a second, and a process with torch loaded then
+    builds the pipeline more slowly (kfp walks ``sys.modules``); no task of it needs torch here.
+    """
+    if sys.platform.startswith("linux") and not any(glob.glob(pattern) for pattern in GPU_DEVICE_GLOBS):
+        return False
     import torch
 
-    if torch.cuda.is_available():
+    return torch.cuda.is_available()
+
+
+def local_defaults(params: dict[str, Any]) -> dict[str, Any]:
+    """On a machine without CUDA, default to the ``cpu`` preset and no GPUs (unless the caller chose)."""
+    if "preset" in params and "num_gpus" in params:
+        return params  # nothing left to default, so no need to ask about CUDA
+    if cuda_available():
         return params
     chosen = dict(params)
     if "preset" not in chosen:

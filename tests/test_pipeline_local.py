@@ -3,14 +3,18 @@ the embedded object store; bad parameters stop at the validate step before any t
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
 from cifar10_kfp.storage import ObjectStore
 from pipelines.cli import main
 from pipelines.local import run_local
+from tests.conftest import ROOT
 from tests.datagen import make_real_subset_archive
 
 FAST = {
@@ -110,3 +114,41 @@ def test_run_local_rejects_bad_parameters_before_starting_anything(tmp_path, cap
     assert "epochs=-1 is out of range: use 0 (the preset's default) or 1..10000" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
     assert main(["run-local", "--param", "epochs"]) == 2
+
+
+def test_local_defaults_fill_in_only_what_the_caller_left_out():
+    from pipelines.local import cuda_available, local_defaults
+
+    chosen = {"preset": "fast", "num_gpus": 2}
+    assert local_defaults(chosen) == chosen
+    if not cuda_available():
+        assert local_defaults({"epochs": 1}) == {"epochs": 1, "preset": "cpu", "num_gpus": 0}
+
+
+def test_cuda_available_agrees_with_torch():
+    import torch
+
+    from pipelines.local import cuda_available
+
+    assert cuda_available() == torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("chosen", [{"preset": "cpu", "num_gpus": 0}, {}], ids=["given", "defaulted"])
+def test_run_local_builds_the_pipeline_without_importing_torch(chosen):
+    """run-local's own process needs no torch: importing it would add a second to every run (and slow
+    the build); the tasks import it in their own processes. Only a default on a machine with a GPU
+    driver asks torch about CUDA."""
+    from pipelines.local import GPU_DEVICE_GLOBS
+
+    if not chosen and any(glob.glob(pattern) for pattern in GPU_DEVICE_GLOBS):
+        pytest.skip("a GPU driver is present: torch decides the default preset")
+    code = f"""
+import sys
+from pipelines.catalog import build
+from pipelines.local import _resolve_params, local_defaults
+from pipelines.policy import ClusterPolicy
+_resolve_params("training", local_defaults({{"dataset_uri": "/data.tar.gz", **{chosen!r}}}))
+build("training", ClusterPolicy.for_local("127.0.0.1:9000"))
+assert "torch" not in sys.modules, "run-local imported torch"
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)

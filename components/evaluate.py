@@ -43,6 +43,7 @@ def evaluate_model(
     from collections import namedtuple
 
     from cifar10_kfp.evaluate import evaluate_model as evaluate
+    from cifar10_kfp.process import freeze_heap_before_exit
     from cifar10_kfp.report import render_html, render_markdown
 
     history_path = history.path if history.path and os.path.isfile(history.path) else None
@@ -60,4 +61,5 @@ def evaluate_model(
         fh.write(render_html(result))
     with open(summary.path, "w", encoding="utf-8") as fh:
         fh.write(render_markdown(result))
+    freeze_heap_before_exit()  # the process ends next: spare its exit a collection over torch's objects
     return namedtuple("EvalOutputs", ["test_accuracy"])(result.accuracy)

@@ -44,6 +44,7 @@ def gate_model(
     import json
     from collections import namedtuple
 
+    from cifar10_kfp.process import freeze_heap_before_exit
     from cifar10_kfp.publish import run_gate
     from cifar10_kfp.storage import open_store
 
@@ -56,6 +57,7 @@ def gate_model(
         json.dump(record, fh, indent=2, sort_keys=True)
     decision.metadata.update({k: v for k, v in record.items() if v is not None})
     champion = -1.0 if result.champion_accuracy is None else result.champion_accuracy
+    freeze_heap_before_exit()  # the process ends next: spare its exit a collection over torch's objects
     return namedtuple("GateOutputs", ["passed", "champion_accuracy"])(result.passed, champion)
 
 
@@ -90,6 +92,7 @@ def publish_model(
     """
     from collections import namedtuple
 
+    from cifar10_kfp.process import freeze_heap_before_exit
     from cifar10_kfp.publish import dataset_digests
     from cifar10_kfp.publish import publish_model as publish
     from cifar10_kfp.storage import open_store
@@ -119,4 +122,5 @@ def publish_model(
             "version": result.version,
         }
     )
+    freeze_heap_before_exit()  # the process ends next: spare its exit a collection over torch's objects
     return namedtuple("PublishOutputs", ["uri", "version"])(result.uri, result.version)

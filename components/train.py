@@ -60,6 +60,7 @@ def train_model(
 
     from cifar10_kfp.config import make_config
     from cifar10_kfp.engine import default_checkpoint_uri, train
+    from cifar10_kfp.process import freeze_heap_before_exit
 
     overrides = json.loads(extra_hparams) if extra_hparams.strip() else {}
     if not isinstance(overrides, dict):
@@ -103,3 +104,4 @@ def train_model(
     for name in ("val_acc", "val_loss", "train_loss", "train_acc", "images_per_s", "wall_s"):
         metrics.log_metric(name, float(result.metrics[name]))
     metrics.log_metric("resumed_from_epoch", float(result.metrics["resumed_from_epoch"]))
+    freeze_heap_before_exit()  # the process ends next: spare its exit a collection over torch's objects

@@ -152,3 +152,21 @@ build("training", ClusterPolicy.for_local("127.0.0.1:9000"))
 assert "torch" not in sys.modules, "run-local imported torch"
 """
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)
+
+
+@pytest.mark.parametrize("in_task", [True, False])
+def test_the_heap_is_frozen_before_exit_only_in_a_kfp_task_process(in_task):
+    code = """
+import gc
+from cifar10_kfp.process import freeze_heap_before_exit
+frozen = freeze_heap_before_exit()
+assert frozen == (gc.get_freeze_count() > 0), (frozen, gc.get_freeze_count())
+print(frozen)
+"""
+    env = {k: v for k, v in os.environ.items() if k != "_KFP_RUNTIME"}
+    if in_task:
+        env["_KFP_RUNTIME"] = "true"  # what the compiled component command sets
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == str(in_task)

@@ -293,7 +293,8 @@ def run(ctx: BenchContext) -> dict:
         + f"; {in_tasks:.1f} s inside tasks, {local_s - in_tasks:.1f} s outside them (interpreter start, "
         "compiling the pipeline, starting the object store, kfp.local's bookkeeping).",
         f"Every task runs in a fresh Python process: a process importing torch, kfp and the library takes "
-        f"{start_cost:.1f} s here, which the torch-using tasks (train, evaluate, gate, publish) each pay and the "
+        f"{start_cost:.1f} s here, which the torch-using tasks (train, evaluate, publish; the gate only once a "
+        "champion is published) each pay and the "
         "in-process run pays once; every task also re-reads its inputs from the pipeline root or the object store.",
         f"Overhead {overhead:+.1%} = {local_s - baseline_s:.1f} s. Most of it is a cost per task (process start, "
         "imports, artifact hand-over) that does not grow with the epochs, so its share falls as training gets "

@@ -46,11 +46,18 @@ def object_store_env(data_dir: str | os.PathLike | None = None) -> Iterator[dict
     from cifar10_kfp.embedded_store import EmbeddedObjectStore
 
     server = EmbeddedObjectStore(data_dir)
+    started = time.monotonic()
     server.start()
+    start_s = time.monotonic() - started
     saved = {key: os.environ.get(key) for key in server.env()}
     try:
         os.environ.update(server.env())  # kfp.local's subprocesses inherit os.environ
-        log.info("started an embedded S3 server on %s (data in %s)", server.endpoint, server.data_dir)
+        log.info(
+            "started an embedded S3 server on %s in %.1f s (data in %s)",
+            server.endpoint,
+            start_s,
+            server.data_dir,
+        )
         yield server.env()
     finally:
         for key, value in saved.items():

@@ -76,19 +76,14 @@ def our_images_per_s(dataset, preset: str, limit: int, repeats: int, device: tor
     """
     import time
 
-    from cifar10_kfp.augment import Normalizer, TrainBatches
+    from cifar10_kfp.augment import Normalizer
     from cifar10_kfp.config import make_config
+    from cifar10_kfp.engine import training_batches
 
     config = make_config(preset, {})
     n = min(limit, len(dataset.train_labels))
     t0 = time.perf_counter()
-    batches = TrainBatches(
-        torch.from_numpy(dataset.train_images[:n]).to(device),
-        torch.from_numpy(dataset.train_labels[:n]).to(device),
-        max_shift=config.translate,
-        flip=config.flip,
-        channels_last=config.channels_last,
-    )
+    batches = training_batches(dataset.train_images[:n], dataset.train_labels[:n], config, device)
     setup_s = time.perf_counter() - t0
     normalizer = Normalizer(dataset.mean, dataset.std, device, channels_last=config.channels_last)
     batch_size = min(config.batch_size, n)
@@ -130,25 +125,16 @@ def stage_costs(dataset, preset: str, device: torch.device) -> dict:
     """
     import time
 
-    from cifar10_kfp.augment import Normalizer, TrainBatches, epoch_generator, random_flip_mask, random_shifts
+    from cifar10_kfp.augment import Normalizer
     from cifar10_kfp.config import make_config
+    from cifar10_kfp.engine import training_batches
 
     config = make_config(preset, {})
-    batches = TrainBatches(
-        torch.from_numpy(dataset.train_images).to(device),
-        torch.from_numpy(dataset.train_labels).to(device),
-        max_shift=config.translate,
-        flip=config.flip,
-        channels_last=config.channels_last,
-    )
+    batches = training_batches(dataset.train_images, dataset.train_labels, config, device)
     batch = min(config.batch_size, len(batches))
     steps = len(batches) // batch
-    generator = epoch_generator(0, 0)
-    index = torch.randperm(len(batches), generator=generator)[: steps * batch]
-    flips = random_flip_mask(len(index), generator) if config.flip else None
-    shifts = random_shifts(len(index), config.translate, generator) if config.translate else None
     normalizer = Normalizer(dataset.mean, dataset.std, device, channels_last=config.channels_last)
-    rows = batches.window_rows(index, flips, shifts).to(device)
+    rows, _ = batches.epoch_plan(config.seed, 0, batch)
     kept = [batches.gather(rows[i * batch : (i + 1) * batch]) for i in range(min(steps, 8))]
 
     def all_steps(fn):
@@ -156,7 +142,7 @@ def stage_costs(dataset, preset: str, device: torch.device) -> dict:
             fn(i)
 
     stages = {
-        "window rows": lambda: batches.window_rows(index, flips, shifts),
+        "epoch plan (draws, window rows, labels)": lambda: batches.epoch_plan(config.seed, 0, batch),
         "gather (+ translate + flip)": lambda: all_steps(
             lambda i: batches.gather(rows[i * batch : (i + 1) * batch])
         ),

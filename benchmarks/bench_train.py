@@ -115,11 +115,11 @@ def loop_overhead(preset: str, data_path: Path, *, steps: int = 40, repeats: int
     import torch
     import torch.nn.functional as F
 
-    from cifar10_kfp.augment import Normalizer, TrainBatches
+    from cifar10_kfp.augment import Normalizer
     from cifar10_kfp.config import make_config
     from cifar10_kfp.data.format import load_prepared
     from cifar10_kfp.distributed import Runtime
-    from cifar10_kfp.engine import LinearSchedule, ModelEMA, train_one_epoch
+    from cifar10_kfp.engine import LinearSchedule, ModelEMA, train_one_epoch, training_batches
     from cifar10_kfp.models import build_model
 
     config = make_config(preset, {"epochs": 1})
@@ -127,13 +127,7 @@ def loop_overhead(preset: str, data_path: Path, *, steps: int = 40, repeats: int
     ds = load_prepared(data_path)
     batch = config.batch_size
     n = batch * steps
-    data = TrainBatches(
-        torch.from_numpy(ds.train_images[:n]).to(device),
-        torch.from_numpy(ds.train_labels[:n]).to(device),
-        max_shift=config.translate,
-        flip=config.flip,
-        channels_last=config.channels_last,
-    )
+    data = training_batches(ds.train_images[:n], ds.train_labels[:n], config, device)
     normalizer = Normalizer(ds.mean, ds.std, device, channels_last=config.channels_last)
     memory_format = torch.channels_last if config.channels_last else torch.preserve_format
     net = build_model(config.architecture, ds.num_classes, ds.image_size, **config.model_config())

@@ -80,14 +80,13 @@ class TrainBatches:
         flip: bool = False,
         channels_last: bool = False,
     ):
-        n, channels, height, width = images.shape
+        n, _, height, width = images.shape
         if not 0 <= max_shift < min(height, width):
             raise ValueError(
                 f"translate={max_shift} does not fit reflection in {height}x{width} images "
                 f"(needs 0 <= translate < {min(height, width)})"
             )
         self.labels, self.max_shift, self.flip = labels, max_shift, flip
-        self.image_shape = (channels, height, width)
         self.channels_last = channels_last
         self._n, self._windows, self._offsets = n, *self._build_windows(images)
 
@@ -118,7 +117,7 @@ class TrainBatches:
         return windows, (image_stride, row_step, col_step)
 
     def window_rows(self, index: torch.Tensor, flips: torch.Tensor | None, shifts: torch.Tensor | None):
-        """Row of ``_windows`` holding each image ``index[i]`` shifted by ``shifts[i]``, mirrored if ``flips[i]``."""
+        """The ``_windows`` row of image ``index[i]`` shifted by ``shifts[i]``, mirrored if ``flips[i]``."""
         pad = self.max_shift
         image_stride, row_step, col_step = self._offsets
         dy = dx = torch.full_like(index, pad)
@@ -139,11 +138,14 @@ class TrainBatches:
         out = self._windows.index_select(0, rows)
         return out.permute(0, 3, 1, 2) if self.channels_last else out
 
-    def epoch(self, seed: int, epoch: int, batch_size: int, rank: int = 0, world_size: int = 1):
-        """Yield one epoch of (uint8 images, labels) for ``rank``: ``len // batch_size`` steps.
+    def epoch_plan(
+        self, seed: int, epoch: int, batch_size: int, rank: int = 0, world_size: int = 1
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One epoch's window rows and labels for ``rank``, in step order (``batch_size // world_size`` each).
 
         ``batch_size`` is global: each step's permuted slice is split evenly across the ranks,
         and rank r takes the r-th part, so a DDP run sees exactly the single-process batches.
+        The last partial batch is dropped.
         """
         generator = epoch_generator(seed, epoch)
         steps = len(self) // batch_size
@@ -161,10 +163,15 @@ class TrainBatches:
 
         index = mine(order)
         device = self.labels.device
-        # The whole epoch's window rows and labels at once: per step only two slices remain.
         rows = self.window_rows(index, mine(flips), mine(shifts)).to(device)
-        labels = self.labels.index_select(0, index.to(device))
-        for i in range(steps):
+        return rows, self.labels.index_select(0, index.to(device))
+
+    def epoch(self, seed: int, epoch: int, batch_size: int, rank: int = 0, world_size: int = 1):
+        """Yield one epoch of (uint8 images, labels) for ``rank``: ``len // batch_size`` steps."""
+        # The whole epoch's window rows and labels at once: per step only two slices remain.
+        rows, labels = self.epoch_plan(seed, epoch, batch_size, rank, world_size)
+        local = batch_size // world_size
+        for i in range(len(self) // batch_size):
             step = slice(i * local, (i + 1) * local)
             yield self.gather(rows[step]), labels[step]
 

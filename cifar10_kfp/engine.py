@@ -2,11 +2,12 @@
 
 Shape follows torchvision's references; the data path follows airbench: the whole dataset sits on
 the device as uint8, padded once so that every step's augmented batch is one gather, then
-normalised in one batched pass (``cifar10_kfp.augment``). Determinism: the data order and augmentations come from a generator seeded by
-(seed, epoch); on CPU a seed gives bitwise-identical weights, and a run resumed from a checkpoint
-ends bitwise equal to an uninterrupted one. On CUDA, ``deterministic=True`` sets
-``torch.use_deterministic_algorithms(True)``, ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` and
-``cudnn.benchmark=False`` (as close as PyTorch allows; the ``fast`` preset turns it off for speed).
+normalised in one batched pass (``cifar10_kfp.augment``). Determinism: the data order and
+augmentations come from a generator seeded by (seed, epoch); on CPU a seed gives bitwise-identical
+weights, and a run resumed from a checkpoint ends bitwise equal to an uninterrupted one. On
+CUDA, ``deterministic=True`` sets ``torch.use_deterministic_algorithms(True)``,
+``CUBLAS_WORKSPACE_CONFIG=:4096:8`` and ``cudnn.benchmark=False`` (as close as PyTorch allows; the
+``fast`` preset turns it off for speed).
 
 ``train(config, data, output_dir)`` writes ``output_dir/model/`` (a model directory loadable with
 ``cifar10_kfp.models`` alone), ``history.json`` (one dict per epoch) and ``metrics.json``.
@@ -146,6 +147,19 @@ class DeviceData:
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
+
+
+def training_batches(
+    images: np.ndarray, labels: np.ndarray, config: TrainConfig, device: torch.device
+) -> TrainBatches:
+    """The training split on ``device``, laid out for ``config``'s augmentations and memory format."""
+    return TrainBatches(
+        torch.from_numpy(np.ascontiguousarray(images)).to(device),
+        torch.from_numpy(labels).to(device),
+        max_shift=config.translate,
+        flip=config.flip,
+        channels_last=config.channels_last,
+    )
 
 
 def global_batch_size(config: TrainConfig, n_train: int, world_size: int) -> int:
@@ -369,13 +383,7 @@ def _train_process(config: TrainConfig, data: str, output_dir: Path, checkpoint_
 
         dataset = load_prepared(data)
         eval_split = _pick_eval_split(dataset, config)
-        train_data = TrainBatches(
-            torch.from_numpy(dataset.train_images).to(device),
-            torch.from_numpy(dataset.train_labels).to(device),
-            max_shift=config.translate,
-            flip=config.flip,
-            channels_last=config.channels_last,
-        )
+        train_data = training_batches(dataset.train_images, dataset.train_labels, config, device)
         eval_data = DeviceData.from_numpy(*dataset.split(eval_split), device)
         if len(eval_data) == 0:
             raise ValueError(f"the {eval_split!r} split of {data} is empty: nothing to evaluate on")

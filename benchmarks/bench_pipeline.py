@@ -159,7 +159,7 @@ def _library_steps(params: dict, workdir: Path) -> dict:
 
 def run_local_command(params: dict, summary: Path, output_root: Path) -> list[str]:
     cli = Path(sys.executable).with_name("cifar10-kfp")
-    command = [str(cli)] if cli.is_file() else [sys.executable, "-m", "pipelines.cli"]
+    command = [str(cli)] if cli.is_file() else [sys.executable, "-m", "cifar10_kfp_pipelines.cli"]
     command.append("run-local")
     for key, value in params.items():
         command += ["--param", f"{key}={value}"]
@@ -272,7 +272,11 @@ def _median_run(runs: list[dict]) -> dict:
 
 def run(ctx: BenchContext) -> dict:
     archive = ctx.require_archive()
-    for module in ("cifar10_kfp.data.preprocess", "components.data", "pipelines.local"):
+    for module in (
+        "cifar10_kfp.data.preprocess",
+        "cifar10_kfp_components.data",
+        "cifar10_kfp_pipelines.local",
+    ):
         try:
             importlib.import_module(module)
         except ImportError as exc:

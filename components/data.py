@@ -9,7 +9,7 @@ prepared-dataset file (uint8 images, int64 labels, splits, mean/std). The logic 
 from kfp import dsl
 from kfp.dsl import Artifact, Dataset, Input, Output
 
-from components.image import IMAGE
+from cifar10_kfp_components.image import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)

@@ -10,7 +10,7 @@ from typing import NamedTuple
 from kfp import dsl
 from kfp.dsl import HTML, Artifact, ClassificationMetrics, Dataset, Input, Markdown, Metrics, Model, Output
 
-from components.image import IMAGE
+from cifar10_kfp_components.image import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)

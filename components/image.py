@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 REGISTRY_DEFAULT = "ghcr.io/cifar10-kfp/cifar10-kfp"
-VERSION = "0.1.0"  # kept equal to pyproject's version by tests/test_image.py
+VERSION = "0.1.0"  # kept equal to pyproject's version by tests/images/test_train_image.py
 
 
 def image() -> str:

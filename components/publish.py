@@ -11,7 +11,7 @@ from typing import NamedTuple
 from kfp import dsl
 from kfp.dsl import Artifact, Dataset, Input, Markdown, Model, Output
 
-from components.image import IMAGE
+from cifar10_kfp_components.image import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)

@@ -10,7 +10,7 @@ own output artifact.
 from kfp import dsl
 from kfp.dsl import HTML, Artifact, Dataset, Input, Metrics, Model, Output
 
-from components.image import IMAGE
+from cifar10_kfp_components.image import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)

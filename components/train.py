@@ -8,7 +8,7 @@ a preempted GPU pod) finds the last checkpoint and continues instead of starting
 from kfp import dsl
 from kfp.dsl import Artifact, Dataset, Input, Metrics, Model, Output
 
-from components.image import IMAGE
+from cifar10_kfp_components.image import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)

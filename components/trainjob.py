@@ -1,6 +1,6 @@
 """The multi-node train step: hands training to a Kubeflow Trainer v2 ``TrainJob``.
 
-Same inputs and outputs as ``components.train.train_model`` plus ``num_nodes`` and the
+Same inputs and outputs as ``cifar10_kfp_components.train.train_model`` plus ``num_nodes`` and the
 settings the TrainJob's pods need (image, object-store endpoint), so the evaluate and
 publish steps downstream cannot tell which one trained the model. The work is in
 ``cifar10_kfp.trainjob``; this adapter maps parameters and artifacts.
@@ -9,7 +9,7 @@ publish steps downstream cannot tell which one trained the model. The work is in
 from kfp import dsl
 from kfp.dsl import Artifact, Dataset, Input, Metrics, Model, Output
 
-from components.image import IMAGE
+from cifar10_kfp_components.image import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 from kfp import dsl
 
-from components.image import IMAGE
+from cifar10_kfp_components.image import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)

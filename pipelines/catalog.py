@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipelines.policy import ClusterPolicy
+from cifar10_kfp_pipelines.policy import ClusterPolicy
 
 PIPELINE_NAMES = {"training": "cifar10-training", "sweep": "cifar10-sweep"}
 COMPILED_DIR = Path(__file__).resolve().parent / "compiled"
@@ -24,10 +24,10 @@ def build(name: str, policy: ClusterPolicy | None = None, **build_params):
     if short == "training":
         if build_params:
             raise ValueError(f"the training pipeline has no build settings, got {', '.join(build_params)}")
-        from pipelines.training import build_training_pipeline
+        from cifar10_kfp_pipelines.training import build_training_pipeline
 
         return build_training_pipeline(policy)
-    from pipelines.sweep import build_sweep_pipeline
+    from cifar10_kfp_pipelines.sweep import build_sweep_pipeline
 
     return build_sweep_pipeline(policy, **build_params)
 

@@ -12,7 +12,7 @@ import importlib
 import logging
 import sys
 
-# subcommand name -> module under pipelines.commands. Order is the order of `--help`.
+# subcommand name -> module under cifar10_kfp_pipelines.commands. Order is the order of `--help`.
 COMMANDS = {
     "store": "store",
     "data": "data",
@@ -31,9 +31,9 @@ COMMANDS = {
 
 def _load(module_name: str):
     try:
-        return importlib.import_module(f"pipelines.commands.{module_name}")
+        return importlib.import_module(f"cifar10_kfp_pipelines.commands.{module_name}")
     except ModuleNotFoundError as exc:
-        if exc.name == f"pipelines.commands.{module_name}":
+        if exc.name == f"cifar10_kfp_pipelines.commands.{module_name}":
             return None
         raise
 

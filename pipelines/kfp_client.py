@@ -48,8 +48,8 @@ def compile_for_submit(pipeline: str, *, no_cache: bool, workdir: str | Path, po
     """Compile ``pipeline`` for the cluster. ``no_cache`` turns caching off in the spec itself,
     because the API ignores ``enable_caching`` for runs created from a pipeline id (kubeflow/pipelines#14253).
     """
-    from pipelines.catalog import compile_to, compiled_path
-    from pipelines.policy import ClusterPolicy
+    from cifar10_kfp_pipelines.catalog import compile_to, compiled_path
+    from cifar10_kfp_pipelines.policy import ClusterPolicy
 
     policy = policy or ClusterPolicy()
     if no_cache:

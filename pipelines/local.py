@@ -207,8 +207,8 @@ def run_local(
     """
     from kfp import local
 
-    from pipelines.catalog import build, resolve
-    from pipelines.policy import ClusterPolicy
+    from cifar10_kfp_pipelines.catalog import build, resolve
+    from cifar10_kfp_pipelines.policy import ClusterPolicy
 
     short = resolve(pipeline)
     # The embedded store keeps its data under the output root, so downloads stay cached across runs

@@ -27,7 +27,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from components.image import image as default_image
+from cifar10_kfp_components.image import image as default_image
 
 GPU_RESOURCE = "nvidia.com/gpu"
 DEFAULT_MINIO_ENDPOINT = "seaweedfs.kubeflow:9000"  # the artifact store of KFP >= 2.15

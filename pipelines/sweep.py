@@ -9,13 +9,18 @@ accuracies -> select the best -> the same gate and publish as ``cifar10-training
 from kfp import dsl
 
 from cifar10_kfp.params import validate_build_params
-from components.data import download_dataset, preprocess_dataset
-from components.evaluate import evaluate_model
-from components.publish import gate_model, publish_model
-from components.summary import record_publication, record_sweep_outputs, select_best_model, write_run_summary
-from components.train import train_model
-from components.validate import validate_sweep_params
-from pipelines.policy import ClusterPolicy, quick_task_settings
+from cifar10_kfp_components.data import download_dataset, preprocess_dataset
+from cifar10_kfp_components.evaluate import evaluate_model
+from cifar10_kfp_components.publish import gate_model, publish_model
+from cifar10_kfp_components.summary import (
+    record_publication,
+    record_sweep_outputs,
+    select_best_model,
+    write_run_summary,
+)
+from cifar10_kfp_components.train import train_model
+from cifar10_kfp_components.validate import validate_sweep_params
+from cifar10_kfp_pipelines.policy import ClusterPolicy, quick_task_settings
 
 PIPELINE_NAME = "cifar10-sweep"
 RUN_ID = dsl.PIPELINE_JOB_ID_PLACEHOLDER

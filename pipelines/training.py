@@ -7,20 +7,20 @@ run evaluate/gate/publish themselves: a ``dsl.OneOf`` over the two models would 
 kfp.local 2.17 cannot run ``OneOf`` over artifacts ("Expected 1 artifact in
 ArtifactSelectorSpec"), and the same compiled DAG must run locally.
 
-Cluster settings come from ``pipelines.policy.ClusterPolicy``; ``build_training_pipeline(policy)``
+Cluster settings come from ``cifar10_kfp_pipelines.policy.ClusterPolicy``; ``build_training_pipeline(policy)``
 returns the pipeline compiled with it, ``training_pipeline`` is the default one.
 """
 
 from kfp import dsl
 
-from components.data import download_dataset, preprocess_dataset
-from components.evaluate import evaluate_model
-from components.publish import gate_model, publish_model
-from components.summary import record_publication, record_run_outputs, write_run_summary
-from components.train import train_model
-from components.trainjob import train_on_trainer
-from components.validate import validate_training_params
-from pipelines.policy import ClusterPolicy, quick_task_settings
+from cifar10_kfp_components.data import download_dataset, preprocess_dataset
+from cifar10_kfp_components.evaluate import evaluate_model
+from cifar10_kfp_components.publish import gate_model, publish_model
+from cifar10_kfp_components.summary import record_publication, record_run_outputs, write_run_summary
+from cifar10_kfp_components.train import train_model
+from cifar10_kfp_components.trainjob import train_on_trainer
+from cifar10_kfp_components.validate import validate_training_params
+from cifar10_kfp_pipelines.policy import ClusterPolicy, quick_task_settings
 
 PIPELINE_NAME = "cifar10-training"
 RUN_ID = dsl.PIPELINE_JOB_ID_PLACEHOLDER  # the run's uuid on a cluster; a random id under kfp.local

@@ -23,7 +23,7 @@ PYPROJECT = HERE.parents[1] / "pyproject.toml"
 REQUIREMENTS = HERE / "requirements.txt"
 HEADER = (
     "# Generated from pyproject.toml [project.dependencies] by images/train/requirements.py; do not edit.\n"
-    "# tests/test_image.py and the image build fail when the two differ.\n"
+    "# tests/images/test_train_image.py and the image build fail when the two differ.\n"
 )
 
 

@@ -46,7 +46,7 @@ def policy_from_args(args: argparse.Namespace):
     command has (compile has all four; submit and schedule the first two)."""
     from dataclasses import replace
 
-    from pipelines.policy import ClusterPolicy
+    from cifar10_kfp_pipelines.policy import ClusterPolicy
 
     policy = ClusterPolicy()
     if args.image:
@@ -61,7 +61,7 @@ def policy_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipelines.catalog import COMPILED_DIR, compile_to, compiled_path
+    from cifar10_kfp_pipelines.catalog import COMPILED_DIR, compile_to, compiled_path
 
     policy = policy_from_args(args)
     output_dir = args.output_dir or COMPILED_DIR

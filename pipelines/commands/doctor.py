@@ -60,7 +60,7 @@ def check_kfp(api_client, kfp_namespace: str) -> Check:
 
 
 def check_secret(api_client, namespace: str) -> Check:
-    from pipelines.policy import MINIO_SECRET, MINIO_SECRET_KEYS
+    from cifar10_kfp_pipelines.policy import MINIO_SECRET, MINIO_SECRET_KEYS
 
     status, secret = _api_get(api_client, f"/api/v1/namespaces/{namespace}/secrets/{MINIO_SECRET}")
     fix = (f"create it: kubectl -n {namespace} create secret generic {MINIO_SECRET} "
@@ -81,7 +81,7 @@ def check_secret(api_client, namespace: str) -> Check:
 
 
 def check_gpus(api_client) -> Check:
-    from pipelines.policy import GPU_RESOURCE
+    from cifar10_kfp_pipelines.policy import GPU_RESOURCE
 
     status, nodes = _api_get(api_client, "/api/v1/nodes")
     if status != 200:
@@ -143,7 +143,7 @@ def check_trainer(api_client, num_nodes: int) -> Check:
 
 
 def diagnose(api_client, args: argparse.Namespace) -> list[Check]:
-    from pipelines.policy import DEFAULT_MINIO_ENDPOINT
+    from cifar10_kfp_pipelines.policy import DEFAULT_MINIO_ENDPOINT
 
     return [
         check_kfp(api_client, args.kfp_namespace),

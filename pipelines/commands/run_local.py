@@ -31,7 +31,7 @@ def parse_params(items: list[str]) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipelines.local import format_summary, run_local
+    from cifar10_kfp_pipelines.local import format_summary, run_local
 
     summary = run_local(
         args.pipeline, parse_params(args.param), output_root=args.output_root, summary_json=args.summary_json

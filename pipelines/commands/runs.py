@@ -82,7 +82,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipelines.kfp_client import make_client
+    from cifar10_kfp_pipelines.kfp_client import make_client
 
     client = make_client(args.host, args.namespace)
     experiment_id = None

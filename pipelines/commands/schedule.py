@@ -51,9 +51,9 @@ def _check_cron(cron: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipelines.commands.compile import policy_from_args
-    from pipelines.commands.run_local import parse_params
-    from pipelines.kfp_client import (
+    from cifar10_kfp_pipelines.commands.compile import policy_from_args
+    from cifar10_kfp_pipelines.commands.run_local import parse_params
+    from cifar10_kfp_pipelines.kfp_client import (
         compile_for_submit,
         ensure_experiment,
         find_recurring_run,

@@ -32,9 +32,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import time
 
-    from pipelines.commands.compile import policy_from_args
-    from pipelines.commands.run_local import parse_params
-    from pipelines.kfp_client import compile_for_submit, make_client, run_url, temp_dir, typed_arguments
+    from cifar10_kfp_pipelines.commands.compile import policy_from_args
+    from cifar10_kfp_pipelines.commands.run_local import parse_params
+    from cifar10_kfp_pipelines.kfp_client import (
+        compile_for_submit,
+        make_client,
+        run_url,
+        temp_dir,
+        typed_arguments,
+    )
 
     arguments = typed_arguments(args.pipeline, parse_params(args.param))
     client = make_client(args.host, args.namespace)

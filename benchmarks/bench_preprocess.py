@@ -50,32 +50,10 @@ def _timed_prepare(archive: Path, max_train: int, max_test: int) -> tuple[float,
 
 
 def _official_archive(dataset, folder: Path) -> Path:
-    """The decoded pixels written in the exact official layout (tests.datagen's Python 2 pickles)."""
-    import tarfile
+    """The decoded pixels written in the exact official layout (``benchmarks.common.write_cifar10_python``)."""
+    from benchmarks.common import tar_directory, write_cifar10_python
 
-    from tests.datagen import _py2_pickle
-
-    images = dataset.train_images.reshape(len(dataset.train_images), -1)
-    labels = dataset.train_labels.tolist()
-    bounds = [round(i * len(labels) / 5) for i in range(6)]
-    files = {}
-    for i in range(5):
-        part = slice(bounds[i], bounds[i + 1])
-        files[f"data_batch_{i + 1}"] = {
-            b"batch_label": b"training",
-            b"labels": labels[part],
-            b"data": images[part],
-        }
-    test = dataset.test_images.reshape(len(dataset.test_images), -1)
-    files["test_batch"] = {b"batch_label": b"testing", b"labels": dataset.test_labels.tolist(), b"data": test}
-    files["batches.meta"] = {b"label_names": [c.encode() for c in dataset.class_names], b"num_vis": 3072}
-    out = folder / "cifar-10-python.tar.gz"
-    with tarfile.open(out, "w:gz", compresslevel=1) as tar:
-        for name, obj in files.items():
-            path = folder / name
-            path.write_bytes(_py2_pickle(obj))
-            tar.add(path, arcname=f"cifar-10-batches-py/{name}")
-    return out
+    return tar_directory(write_cifar10_python(dataset, folder), folder / "cifar-10-python.tar.gz")
 
 
 def run(quick: bool = False, archive: Path | None = None, smoke: bool = False) -> dict:

@@ -203,7 +203,7 @@ def cli_command(*args: str) -> list[str]:
     script = Path(sys.executable).with_name("cifar10-kfp")
     if script.is_file():
         return [str(script), *args]
-    return [sys.executable, "-m", "pipelines.cli", *args]
+    return [sys.executable, "-m", "cifar10_kfp_pipelines.cli", *args]
 
 
 class Proc:

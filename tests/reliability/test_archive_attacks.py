@@ -3,7 +3,7 @@
 Every archive comes over real HTTP from a local server (the path an untrusted dataset takes),
 through the same one-call download + verify + prepare that ``cifar10-kfp data`` runs, against
 the suite's real object store. The whole bucket is listed before and after each attempt.
-The archive builders are the data tests' own (``tests/datagen.py``): each archive is a valid
+The archive builders are the data tests' own (``tests/support/datagen.py``): each archive is a valid
 small image-folder dataset plus one bad member, so the bad member is the only reason to refuse.
 """
 
@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.datagen import (
+from tests.reliability.harness import FIGURES
+from tests.support.datagen import (
     BOMB_TEST_CAP,
     MALICIOUS_BUILDERS,
     LocalHTTPServer,
     make_image_folder_archive,
     small_image_folder,
 )
-from tests.reliability.harness import FIGURES
 
 pytestmark = pytest.mark.reliability
 

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from cifar10_kfp.checkpoint import CheckpointManager
-from tests.datagen import make_official_archive
 from tests.reliability.harness import CommandLineSampler, Proc, cli_command, scan_for_secret
+from tests.support.datagen import make_official_archive
 
 pytestmark = [pytest.mark.reliability, pytest.mark.slow]
 

@@ -213,7 +213,7 @@ def test_unknown_parameters_are_rejected_by_name():
 
 def test_run_local_refuses_invalid_parameters_before_anything_starts(tmp_path, monkeypatch):
     """No run directory, no object store, no step: the refusal comes first."""
-    from pipelines.local import run_local
+    from cifar10_kfp_pipelines.local import run_local
 
     counter = ConnectionCounter()  # a store endpoint that counts anyone who connects
     monkeypatch.setenv("MINIO_ENDPOINT", counter.endpoint)

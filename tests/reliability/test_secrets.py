@@ -16,8 +16,8 @@ import os
 import nbformat
 import pytest
 
-from tests.datagen import make_official_archive
 from tests.reliability.harness import FIGURES, ROOT, FakeCredentials, run_cli, scan_for_secret
+from tests.support.datagen import make_official_archive
 
 pytestmark = pytest.mark.reliability
 

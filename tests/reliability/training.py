@@ -34,7 +34,7 @@ EXACT_HISTORY_FIELDS = ("epoch", "train_loss", "train_acc", "val_loss", "val_acc
 
 def make_dataset(path: Path) -> Path:
     from cifar10_kfp.data.format import save_prepared
-    from tests.conftest import make_tiny_dataset
+    from tests.support.data import make_tiny_dataset
 
     # 4096 images make an epoch last about a second on one thread: wide enough to land inside.
     dataset = make_tiny_dataset(n_train=4096, n_val=256, n_test=128, num_classes=4, image_size=16, seed=1)

@@ -1,0 +1,254 @@
+"""The compiled pipeline specs (pipelines/compiled/*.yaml): no drift from the code, and the IR says what
+the cluster needs: DAG edges, GPUs, toleration, secrets, retry, per-task caching, image, descriptions."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cifar10_kfp.params import SWEEP_PARAMS, TRAINING_PARAMS
+from cifar10_kfp_pipelines.catalog import COMPILED_DIR, compile_to
+from cifar10_kfp_pipelines.policy import ClusterPolicy
+
+SECRET = "mlpipeline-minio-artifact"
+
+
+def _load(path: Path) -> tuple[dict, dict]:
+    spec, platform = yaml.safe_load_all(path.read_text())
+    return spec, platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+
+
+@pytest.fixture(scope="module")
+def training() -> tuple[dict, dict]:
+    return _load(COMPILED_DIR / "cifar10-training.yaml")
+
+
+@pytest.fixture(scope="module")
+def sweep() -> tuple[dict, dict]:
+    return _load(COMPILED_DIR / "cifar10-sweep.yaml")
+
+
+def _dags(spec: dict) -> dict[str, dict]:
+    """Every DAG in the spec by component name ('root' for the pipeline)."""
+    out = {"root": spec["root"]["dag"]["tasks"]}
+    for name, comp in spec["components"].items():
+        if "dag" in comp:
+            out[name] = comp["dag"]["tasks"]
+    return out
+
+
+def _tasks(spec: dict) -> dict[str, dict]:
+    return {name: task for tasks in _dags(spec).values() for name, task in tasks.items()}
+
+
+def _executor(spec: dict, task_name: str) -> dict:
+    comp = spec["components"][_tasks(spec)[task_name]["componentRef"]["name"]]
+    return spec["deploymentSpec"]["executors"][comp["executorLabel"]]["container"]
+
+
+@pytest.mark.parametrize("name", ["training", "sweep"])
+def test_committed_specs_match_the_code(name, tmp_path, monkeypatch):
+    """`make compile` output is committed; regenerate it when this fails."""
+    monkeypatch.delenv("CIFAR10_KFP_IMAGE", raising=False)
+    committed = COMPILED_DIR / f"cifar10-{name}.yaml"
+    fresh = compile_to(name, tmp_path / committed.name, ClusterPolicy())
+    assert fresh.read_text() == committed.read_text(), (
+        f"{committed} is stale: run `make compile` and commit it"
+    )
+
+
+def test_training_dag_edges(training):
+    spec, _ = training
+    dags = _dags(spec)
+    root = dags["root"]
+    assert root["write-run-summary"]["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"
+    assert root["write-run-summary"]["dependentTasks"] == ["exit-handler-1"]
+    body = dags["comp-exit-handler-1"]
+    assert "dependentTasks" not in body["validate-training-params"]  # validation runs first
+    assert body["download-dataset"]["dependentTasks"] == ["validate-training-params"]
+    assert body["preprocess-dataset"]["dependentTasks"] == ["download-dataset"]
+    branches = dags[body["condition-branches-2"]["componentRef"]["name"]]
+    single, multi = (dags[branches[n]["componentRef"]["name"]] for n in sorted(branches))
+    assert (
+        "int(inputs.parameter_values['pipelinechannel--num_nodes']) == 1"
+        in branches[sorted(branches)[0]]["triggerPolicy"]["condition"]
+    )
+    assert set(single) >= {"train-model", "evaluate-model", "gate-model", "record-run-outputs"}
+    assert set(multi) >= {"train-on-trainer", "evaluate-model-2", "gate-model-2", "record-run-outputs-2"}
+    assert single["evaluate-model"]["dependentTasks"] == ["train-model"]
+    assert single["gate-model"]["dependentTasks"] == ["evaluate-model", "train-model"]
+    [gate_branch] = [n for n in single if n.startswith("condition-")]
+    assert (
+        single[gate_branch]["triggerPolicy"]["condition"]
+        == "inputs.parameter_values['pipelinechannel--gate-model-passed'] == true"
+    )
+    published = dags[single[gate_branch]["componentRef"]["name"]]
+    assert published["record-publication"]["dependentTasks"] == ["publish-model"]
+    assert published["publish-model"]["inputs"]["artifacts"]["model"]["componentInputArtifact"].endswith(
+        "train-model-model"
+    )
+
+
+def test_train_gets_gpus_resources_toleration_and_retry(training):
+    spec, platform = training
+    container = _executor(spec, "train-model")
+    accel = container["resources"]["accelerator"]
+    assert accel["resourceType"] == "nvidia.com/gpu"
+    # a string task output: the KFP driver reads resource counts with GetStringValue()
+    assert (
+        accel["resourceCount"]
+        == "{{$.inputs.parameters['pipelinechannel--validate-training-params-gpu_limit']}}"
+    )
+    policy = ClusterPolicy()
+    assert container["resources"]["resourceCpuRequest"] == policy.train_resources.cpu_request
+    assert container["resources"]["resourceMemoryLimit"] == policy.train_resources.memory_limit
+    assert platform["exec-train-model"]["tolerations"] == [
+        {"effect": "NoSchedule", "key": "nvidia.com/gpu", "operator": "Exists"}
+    ]
+    retry = _tasks(spec)["train-model"]["retryPolicy"]
+    assert retry == {
+        "backoffDuration": "60s",
+        "backoffFactor": 2.0,
+        "backoffMaxDuration": "1800s",
+        "maxRetryCount": 3,
+    }
+    # the multi-node launcher holds no GPU: the TrainJob's nodes do
+    assert "accelerator" not in _executor(spec, "train-on-trainer").get("resources", {})
+    assert _tasks(spec)["train-on-trainer"]["retryPolicy"]["maxRetryCount"] == 3
+
+
+@pytest.mark.parametrize("which", ["training", "sweep"])
+def test_storage_steps_get_the_secret_and_endpoint_and_caching_is_per_task(which, training, sweep):
+    spec, platform = {"training": training, "sweep": sweep}[which]
+    for name, task in _tasks(spec).items():
+        if "componentRef" not in task or name.startswith(("condition-", "exit-handler", "for-loop")):
+            continue
+        label = spec["components"][task["componentRef"]["name"]].get("executorLabel")
+        if label is None:
+            continue
+        env = {
+            e["name"]: e["value"]
+            for e in spec["deploymentSpec"]["executors"][label]["container"].get("env", [])
+        }
+        if name.startswith(("validate-", "select-best")):
+            assert label not in platform or "secretAsEnv" not in platform[label], name
+            continue
+        [secret] = platform[label]["secretAsEnv"]
+        assert secret["secretName"] == SECRET
+        assert {(k["secretKey"], k["envVar"]) for k in secret["keyToEnv"]} == {
+            ("accesskey", "MINIO_ACCESS_KEY"), ("secretkey", "MINIO_SECRET_KEY")
+        }  # fmt: skip
+        assert env["MINIO_ENDPOINT"] == "seaweedfs.kubeflow:9000", name
+        cached = task.get("cachingOptions", {}).get("enableCache", False)
+        assert cached == name.startswith(("download-dataset", "preprocess-dataset")), name
+
+
+@pytest.mark.parametrize("which", ["training", "sweep"])
+def test_every_step_runs_the_one_image_and_no_credential_is_in_the_yaml(which, training, sweep):
+    spec, _ = {"training": training, "sweep": sweep}[which]
+    images = {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()}
+    assert images == {ClusterPolicy().image}
+    text = (COMPILED_DIR / f"cifar10-{which}.yaml").read_text()
+    assert "minio123" not in text and not re.search(r"AKIA[0-9A-Z]{16}|aws_secret|password", text, re.I)
+    for executor in spec["deploymentSpec"]["executors"].values():
+        for env in executor["container"].get("env", []):
+            assert not re.search(r"KEY|SECRET|TOKEN|PASSWORD", env["name"]), (
+                env
+            )  # credentials only via secret refs
+
+
+@pytest.mark.parametrize(("which", "params"), [("training", TRAINING_PARAMS), ("sweep", SWEEP_PARAMS)])
+def test_parameters_have_types_defaults_and_descriptions(which, params, training, sweep):
+    spec, _ = {"training": training, "sweep": sweep}[which]
+    inputs = spec["root"]["inputDefinitions"]["parameters"]
+    kinds = {int: "NUMBER_INTEGER", float: "NUMBER_DOUBLE", str: "STRING"}
+    assert list(inputs) == sorted(p.name for p in params)
+    for p in params:
+        assert inputs[p.name]["parameterType"] == kinds[p.kind]
+        assert inputs[p.name]["defaultValue"] == p.default
+        assert " ".join(inputs[p.name]["description"].split()) == p.description
+
+
+def test_sweep_fans_out_collects_and_gates(sweep):
+    spec, platform = sweep
+    body = _dags(spec)["comp-exit-handler-1"]
+    [loop_name] = [n for n in body if n.startswith("for-loop-")]
+    loop = body[loop_name]
+    assert (
+        loop["parameterIterator"]["items"]["inputParameter"]
+        == "pipelinechannel--validate-sweep-params-trials"
+    )
+    assert loop["iteratorPolicy"]["parallelismLimit"] == 2
+    assert loop["dependentTasks"] == ["preprocess-dataset", "validate-sweep-params"]
+    trial = _dags(spec)[loop["componentRef"]["name"]]
+    assert trial["evaluate-model"]["dependentTasks"] == ["train-model"]
+    assert platform["exec-train-model"]["tolerations"][0]["key"] == "nvidia.com/gpu"
+    select = body["select-best-model"]["inputs"]
+    assert select["artifacts"]["models"]["taskOutputArtifact"]["producerTask"] == loop_name
+    assert select["parameters"]["accuracies"]["taskOutputParameter"]["producerTask"] == loop_name
+    assert body["gate-model"]["dependentTasks"] == ["preprocess-dataset", "select-best-model"]
+
+
+def test_compile_options_change_image_endpoint_caching_and_parallelism(tmp_path):
+    from cifar10_kfp_pipelines.cli import main
+
+    assert main(["compile", "--output-dir", str(tmp_path), "--image", "registry.example/cifar:9",
+                 "--minio-endpoint", "minio.storage:9000", "--cache", "train", "--sweep-parallelism", "5"]) == 0  # fmt: skip
+    spec, _ = _load(tmp_path / "cifar10-training.yaml")
+    assert {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()} == {
+        "registry.example/cifar:9"
+    }
+    assert _tasks(spec)["train-model"]["cachingOptions"]["enableCache"] is True
+    assert not _tasks(spec)["publish-model"].get("cachingOptions", {}).get("enableCache", False)
+    env = {e["name"]: e["value"] for e in _executor(spec, "train-model")["env"]}
+    assert env["MINIO_ENDPOINT"] == "minio.storage:9000"
+    sweep_spec, _ = _load(tmp_path / "cifar10-sweep.yaml")
+    [loop] = [t for n, t in _tasks(sweep_spec).items() if n.startswith("for-loop-")]
+    assert loop["iteratorPolicy"]["parallelismLimit"] == 5
+    assert main(["compile", "--output-dir", str(tmp_path), "--cache", "everything"]) == 2
+
+
+def test_building_a_pipeline_does_not_walk_the_stack(monkeypatch):
+    """kfp's task settings call inspect.stack() (slow: source of every frame); the builders avoid it."""
+    import inspect
+
+    from cifar10_kfp_pipelines.sweep import build_sweep_pipeline
+    from cifar10_kfp_pipelines.training import build_training_pipeline
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("inspect.stack() called while building a pipeline")
+
+    monkeypatch.setattr(inspect, "stack", refuse)
+    build_training_pipeline(ClusterPolicy())
+    build_sweep_pipeline(ClusterPolicy())
+
+
+def test_quick_task_settings_keeps_kfps_error_for_a_task_without_a_container():
+    from kfp import dsl
+
+    from cifar10_kfp_components.summary import record_publication
+    from cifar10_kfp_pipelines.policy import quick_task_settings
+
+    @dsl.pipeline(name="inner")
+    def inner():
+        record_publication(uri="u", version="v", run_id="r", bucket="", storage_prefix="")
+
+    def message() -> str:
+        errors = []
+
+        @dsl.pipeline(name="outer")
+        def outer():
+            with pytest.raises(ValueError) as caught:
+                inner().set_cpu_limit("1")  # a pipeline used as a component
+            errors.append(str(caught.value))
+
+        return errors[0]
+
+    plain = message()
+    with quick_task_settings():
+        quick = message()
+    assert quick == plain
+    assert plain.startswith("set_cpu_limit can only be used on single-step components")

@@ -142,7 +142,7 @@ def test_every_project_name_the_notebook_imports_exists():
         if cell.cell_type != "code":
             continue
         for node in ast.walk(ast.parse(cell.source)):
-            if isinstance(node, ast.ImportFrom) and node.module.split(".")[0] in ("cifar10_kfp", "pipelines"):
+            if isinstance(node, ast.ImportFrom) and node.module.split(".")[0] in ("cifar10_kfp", "cifar10_kfp_pipelines"):
                 module = importlib.import_module(node.module)
                 for alias in node.names:
                     assert hasattr(module, alias.name), f"the notebook imports {node.module}.{alias.name}"

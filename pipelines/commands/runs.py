@@ -5,15 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 
+from cifar10_kfp_pipelines.commands import common
+
 HELP = "list recent KFP runs with their key metrics (test accuracy, published version) side by side"
 COLUMNS = ("created", "state", "test_acc", "val_acc", "published", "name", "run id")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", required=True, help="KFP API URL, e.g. http://localhost:8080")
-    parser.add_argument(
-        "--namespace", default="kubeflow", help="KFP namespace (your profile in multi-user mode)"
-    )
+    common.add_connection_flags(parser)
     parser.add_argument("--experiment", default=None, help="only runs of this experiment")
     parser.add_argument("--limit", type=int, default=20, help="how many runs (newest first, default 20)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -82,14 +81,16 @@ def format_table(rows: list[dict]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cifar10_kfp_pipelines.kfp_client import make_client
+    from cifar10_kfp_pipelines.kfp_client import explained_api_errors, make_client
 
-    client = make_client(args.host, args.namespace)
-    experiment_id = None
-    if args.experiment:
-        experiment_id = client.get_experiment(
-            experiment_name=args.experiment, namespace=args.namespace
-        ).experiment_id
-    rows = collect(client, experiment_id=experiment_id, namespace=args.namespace, limit=args.limit)
+    login = common.login_from_args(args)
+    client = make_client(login, args.namespace)
+    with explained_api_errors(login):
+        experiment_id = None
+        if args.experiment:
+            experiment_id = client.get_experiment(
+                experiment_name=args.experiment, namespace=args.namespace
+            ).experiment_id
+        rows = collect(client, experiment_id=experiment_id, namespace=args.namespace, limit=args.limit)
     print(json.dumps(rows, indent=2) if args.json else (format_table(rows) if rows else "no runs"))
     return 0

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import argparse
 
+from cifar10_kfp_pipelines.commands import common
+
 HELP = "create a recurring run of a pipeline (cron), or --enable/--disable/--delete one by name"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", required=True, help="KFP API URL, e.g. http://localhost:8080")
-    parser.add_argument(
-        "--namespace", default="kubeflow", help="KFP namespace (your profile in multi-user mode)"
-    )
+    common.add_connection_flags(parser)
     parser.add_argument("--experiment", default="cifar10-kfp", help="experiment the runs are filed under")
-    parser.add_argument("--pipeline", choices=("training", "sweep"), default="training")
+    common.add_pipeline_flag(parser)
     parser.add_argument(
         "--name", default=None, help="recurring run name (default cifar10-<pipeline>-scheduled)"
     )
@@ -24,15 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-concurrency", type=int, default=1, help="runs allowed at the same time (default 1)"
     )
     parser.add_argument("--no-catchup", action="store_true", help="do not backfill runs missed while paused")
-    parser.add_argument(
-        "--param", action="append", default=[], metavar="KEY=VALUE", help="a pipeline parameter"
-    )
-    parser.add_argument(
-        "--image", default=None, help="container image for every step (default: components/image.py's)"
-    )
-    parser.add_argument(
-        "--minio-endpoint", default=None, help="object-store host:port (default seaweedfs.kubeflow:9000)"
-    )
+    common.add_param_flag(parser)
+    common.add_policy_flags(parser)
     parser.add_argument(
         "--no-cache", action="store_true", help="run every step, even download and preprocess"
     )
@@ -51,31 +43,47 @@ def _check_cron(cron: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cifar10_kfp_pipelines.commands.compile import policy_from_args
-    from cifar10_kfp_pipelines.commands.run_local import parse_params
+    from cifar10_kfp_pipelines.kfp_client import explained_api_errors, make_client
+
+    toggle = [(verb, name) for verb, name in (("enable", args.enable), ("disable", args.disable),
+                                              ("delete", args.delete)) if name]  # fmt: skip
+    params = None
+    if not toggle:  # check everything local before the first request
+        if not args.cron:
+            raise ValueError(
+                "--cron is required to create a recurring run (or use --enable/--disable/--delete NAME)"
+            )
+        _check_cron(args.cron)
+        if args.max_concurrency < 1:
+            raise ValueError(f"--max-concurrency {args.max_concurrency}: use 1 or more")
+        from cifar10_kfp_pipelines.kfp_client import typed_arguments
+
+        params = typed_arguments(args.pipeline, common.parse_key_values(args.param))
+    login = common.login_from_args(args)
+    client = make_client(login, args.namespace)
+    with explained_api_errors(login):
+        if toggle:
+            return _toggle(client, *toggle[0], args.namespace)
+        return _create(client, args, params)
+
+
+def _toggle(client, verb: str, name: str, namespace: str) -> int:
+    from cifar10_kfp_pipelines.kfp_client import find_recurring_run
+
+    job = find_recurring_run(client, name, namespace)
+    getattr(client, f"{verb}_recurring_run")(job.recurring_run_id)
+    print(f"{verb}d recurring run {name!r} ({job.recurring_run_id})")
+    return 0
+
+
+def _create(client, args: argparse.Namespace, params: dict) -> int:
     from cifar10_kfp_pipelines.kfp_client import (
         compile_for_submit,
         ensure_experiment,
         find_recurring_run,
-        make_client,
         temp_dir,
-        typed_arguments,
     )
 
-    client = make_client(args.host, args.namespace)
-    for verb, name in (("enable", args.enable), ("disable", args.disable), ("delete", args.delete)):
-        if name:
-            job = find_recurring_run(client, name, args.namespace)
-            getattr(client, f"{verb}_recurring_run")(job.recurring_run_id)
-            print(f"{verb}d recurring run {name!r} ({job.recurring_run_id})")
-            return 0
-    if not args.cron:
-        raise ValueError(
-            "--cron is required to create a recurring run (or use --enable/--disable/--delete NAME)"
-        )
-    _check_cron(args.cron)
-    if args.max_concurrency < 1:
-        raise ValueError(f"--max-concurrency {args.max_concurrency}: use 1 or more")
     name = args.name or f"cifar10-{args.pipeline}-scheduled"
     try:
         find_recurring_run(client, name, args.namespace)
@@ -85,12 +93,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             f"a recurring run named {name!r} exists: --delete {name} first, or choose another --name"
         )
-    params = typed_arguments(args.pipeline, parse_params(args.param))
+    policy = common.policy_from_args(args)
+    common.warn_if_unpublished_image(policy.image)
     experiment_id = ensure_experiment(client, args.experiment, args.namespace)
     with temp_dir() as tmp:
-        package = compile_for_submit(
-            args.pipeline, no_cache=args.no_cache, workdir=tmp, policy=policy_from_args(args)
-        )
+        package = compile_for_submit(args.pipeline, no_cache=args.no_cache, workdir=tmp, policy=policy)
         job = client.create_recurring_run(
             experiment_id=experiment_id,
             job_name=name,

@@ -5,6 +5,14 @@ Experiments, runs and recurring runs are kept in memory; every request is record
 Only the behaviour the client relies on is implemented: create/get/list (with the
 ``display_name`` EQUALS filter the client uses to find an experiment by name), recurring
 run enable/disable/delete, and run listing sorted newest first.
+
+``KfpFakeServer(token=..., session_cookie=...)`` plays multi-user Kubeflow: every API call except
+``healthz`` must carry ``Authorization: Bearer <token>`` (the API server's TokenReview authenticator)
+or the session cookie (what the gateway's oauth2-proxy turns into a ``kubeflow-userid`` header);
+otherwise it answers 401 with the API server's own messages (kubeflow/pipelines 2.17.0,
+backend/src/apiserver/auth/auth.go ``IdentityHeaderMissingError`` and
+backend/src/apiserver/auth/authenticator_token_review.go ``doTokenReview``; gRPC code 16 =
+Unauthenticated, mapped to HTTP 401 by grpc-gateway).
 """
 
 from __future__ import annotations
@@ -26,10 +34,13 @@ class Recorded:
     path: str
     query: dict
     body: dict | None
+    headers: dict = field(default_factory=dict)  # lower-cased names
 
 
 @dataclass
 class KfpState:
+    token: str | None = None  # multi-user: the bearer token the TokenReview accepts
+    session_cookie: str | None = None  # multi-user: "name=value" of a logged-in gateway session
     experiments: dict = field(default_factory=dict)
     runs: dict = field(default_factory=dict)
     recurring_runs: dict = field(default_factory=dict)
@@ -76,15 +87,37 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlparse(self.path)
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
         body = self._body() if method in ("POST", "PUT", "PATCH") else None
-        self.state.requests.append(Recorded(method, url.path, query, body))
+        self.state.requests.append(
+            Recorded(method, url.path, query, body, {k.lower(): v for k, v in self.headers.items()})
+        )
         if not url.path.startswith(API):
             return self._send(404, {"error": f"not found: {url.path}"})
         parts = url.path[len(API) :].strip("/").split("/")
+        refusal = self._authentication_error() if parts[0] != "healthz" else None
+        if refusal:
+            return self._send(401, {"error": refusal, "code": 16, "message": refusal, "details": []})
         handler = getattr(self, f"_{parts[0]}", None)
         if handler is None:
             return self._send(404, {"error": f"unknown collection {parts[0]}"})
         status, payload = handler(method, parts[1:], query, body)
         self._send(status, payload)
+
+    def _authentication_error(self) -> str | None:
+        """None when the request may pass; else the API server's Unauthenticated message."""
+        state = self.state
+        if state.token is None and state.session_cookie is None:
+            return None  # standalone KFP: no authentication
+        cookies = {c.strip() for c in (self.headers.get("Cookie") or "").split(";")}
+        if state.session_cookie is not None and state.session_cookie in cookies:
+            return None
+        authorization = self.headers.get("Authorization")
+        if not authorization:
+            return "Request header error: there is no user identity header."
+        if not authorization.startswith("Bearer "):
+            return "Request header error: Authorization header does not have expected prefix 'Bearer '"
+        if authorization.removeprefix("Bearer ") != state.token:
+            return "Review.Status.Authenticated is false. Error [invalid bearer token, token lookup failed]"
+        return None
 
     def do_GET(self):
         self._dispatch("GET")
@@ -98,7 +131,8 @@ class _Handler(BaseHTTPRequestHandler):
     # -- collections ----------------------------------------------------------------
 
     def _healthz(self, method, rest, query, body):
-        return 200, {"commit_sha": "fake", "tag_name": "2.17.3", "multi_user": False}
+        multi_user = self.state.token is not None or self.state.session_cookie is not None
+        return 200, {"commit_sha": "fake", "tag_name": "2.17.3", "multi_user": multi_user}
 
     def _listing(self, items: dict, key: str, query: dict):
         found = [item for item in items.values() if _matches(item, query.get("filter"))]
@@ -165,8 +199,8 @@ class _Handler(BaseHTTPRequestHandler):
 class KfpFakeServer:
     """``with KfpFakeServer() as kfp: kfp.Client(host=kfp.url)``; ``kfp.state.requests`` records calls."""
 
-    def __init__(self):
-        self.state = KfpState()
+    def __init__(self, *, token: str | None = None, session_cookie: str | None = None):
+        self.state = KfpState(token=token, session_cookie=session_cookie)
         handler = type("Handler", (_Handler,), {"state": self.state})
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)

@@ -1,0 +1,119 @@
+"""Flags and parsing that several ``cifar10-kfp`` commands share, each defined once.
+
+Commands import from here, never from each other: ``--param KEY=VALUE`` (``parse_key_values``),
+the cluster-policy flags that ``compile``, ``submit`` and ``schedule`` bake into a spec
+(``add_policy_flags`` / ``policy_from_args``), and the KFP connection and login flags of
+``submit``, ``schedule`` and ``runs`` (``add_connection_flags`` / ``login_from_args``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+PIPELINES = ("training", "sweep")
+
+
+def parse_key_values(items: list[str], *, flag: str = "--param") -> dict[str, str]:
+    """``["a=1", "b=x=y"]`` -> ``{"a": "1", "b": "x=y"}``; a missing ``=`` or key is an error naming the item."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{flag} {item!r}: expected KEY=VALUE")
+        out[key.strip()] = value
+    return out
+
+
+def add_param_flag(parser: argparse.ArgumentParser, help: str = "a pipeline parameter (repeatable)") -> None:
+    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help=help)
+
+
+def add_pipeline_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--pipeline", choices=PIPELINES, default="training", help="which pipeline (default training)"
+    )
+
+
+def add_policy_flags(parser: argparse.ArgumentParser) -> None:
+    """The cluster settings a compiled spec carries (see ``cifar10_kfp_pipelines.policy.ClusterPolicy``)."""
+    parser.add_argument(
+        "--image", default=None,
+        help="container image for every step (default: components/image.py's reference, or CIFAR10_KFP_IMAGE)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--minio-endpoint",
+        default=None,
+        help="object-store host:port the steps use (default seaweedfs.kubeflow:9000)",
+    )
+    parser.add_argument("--minio-secure", action="store_true", help="the object store speaks TLS")
+
+
+def policy_from_args(args: argparse.Namespace):
+    """The default ``ClusterPolicy`` with the policy flags of ``args`` applied (``--cache`` where a command has it)."""
+    from dataclasses import replace
+
+    from cifar10_kfp_pipelines.policy import ClusterPolicy
+
+    policy = ClusterPolicy()
+    if args.image:
+        policy = replace(policy, image=args.image)
+    if args.minio_endpoint:
+        policy = replace(policy, minio_endpoint=args.minio_endpoint)
+    if args.minio_secure:
+        policy = replace(policy, minio_secure=True)
+    if getattr(args, "cache", None):
+        policy = policy.with_cached_steps(args.cache)
+    return policy
+
+
+def warn_if_unpublished_image(image: str, *, stream=None) -> bool:
+    """Say loudly, on stderr, that a spec with the project's default image tag will not start on a cluster.
+
+    ``ghcr.io/cifar10-kfp/cifar10-kfp:<version>`` names the image ``make image`` builds; nothing publishes
+    it, so every pod of such a run would stay in ImagePullBackOff. Returns whether it warned.
+    """
+    from cifar10_kfp_components.image import REGISTRY_DEFAULT
+
+    if not image.startswith(f"{REGISTRY_DEFAULT}:"):
+        return False
+    bar = "!" * 100
+    print(
+        f"{bar}\nWARNING: the steps use the default image {image}, which is NOT published: pods of this spec\n"
+        "will not start (ImagePullBackOff). Build and push the image (`make image REGISTRY=registry.example.com/ml`,\n"
+        "images/README.md) and compile with --image <your registry>/cifar10-kfp:<tag> or CIFAR10_KFP_IMAGE.\n"
+        f"{bar}",
+        file=stream or sys.stderr,
+    )
+    return True
+
+
+def add_connection_flags(parser: argparse.ArgumentParser) -> None:
+    """Where the KFP API is and how to log in to it (see ``cifar10_kfp_pipelines.kfp_client.Login``)."""
+    parser.add_argument(
+        "--host", default=None,
+        help="KFP API URL, e.g. http://localhost:8080 (default: KF_PIPELINES_ENDPOINT; inside the cluster, "
+        "the in-cluster KFP service)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--namespace",
+        default="kubeflow",
+        help="KFP namespace (your profile namespace in multi-user Kubeflow)",
+    )
+    parser.add_argument(
+        "--token", default=None,
+        help="bearer token for multi-user Kubeflow (default: KF_PIPELINES_TOKEN; inside the cluster, the pod's "
+        "KFP service-account token). Prefer the variable: a flag is visible in the process list",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cookies", default=None, metavar="NAME=VALUE[; ...]",
+        help="session cookie(s) of a Dex / oauth2-proxy login, e.g. 'oauth2_proxy_kubeflow=...' copied from the "
+        "browser (default: KF_PIPELINES_COOKIES)",
+    )  # fmt: skip
+
+
+def login_from_args(args: argparse.Namespace):
+    """The ``Login`` the connection flags (or their environment variables) describe."""
+    from cifar10_kfp_pipelines.kfp_client import Login
+
+    return Login.resolve(host=args.host, token=args.token, cookies=args.cookies)

@@ -70,63 +70,6 @@ def object_store_env(data_dir: str | os.PathLike | None = None) -> Iterator[dict
             server.close()
 
 
-@contextlib.contextmanager
-def named_task_outputs() -> Iterator[None]:
-    """Let kfp.local 2.17 resolve *named* task outputs in ``dsl.If`` conditions and ``ParallelFor`` items.
-
-    Its enhanced orchestrator turns a channel such as ``pipelinechannel--gate-model-passed`` into
-    a task-output lookup only when the output is called ``Output``; for any other name it looks
-    for a parent (DAG) input of that name. For a condition the miss is logged ("Could not resolve
-    CEL parameter") and the condition is taken as False, silently skipping the branch (publish);
-    for ``ParallelFor(items=task.outputs["trials"])`` it raises "Parent pipeline input argument
-    ... not found". Both lookups end in ``IOStore.get_parent_input``; on a miss, this resolves
-    ``[pipelinechannel--]<task>-<output>`` against the outputs the run has produced, walking up
-    the enclosing DAGs. A key that resolved before resolves the same way. Scoped to
-    ``run_local``; kfp is pinned to 2.17.3.
-    """
-    from kfp.local import io
-
-    original = io.IOStore.get_parent_input
-
-    def get_parent_input(self, key: str):
-        try:
-            return original(self, key)
-        except ValueError:
-            wanted = key.removeprefix("pipelinechannel--")
-            scope = self
-            while scope is not None:
-                for task, outputs in scope._task_output_data.items():
-                    for name, value in outputs.items():
-                        if f"{task}-{name}" == wanted:
-                            return value
-                scope = scope._parent
-            raise
-
-    io.IOStore.get_parent_input = get_parent_input
-    try:
-        yield
-    finally:
-        io.IOStore.get_parent_input = original
-
-
-@contextlib.contextmanager
-def print_restored() -> Iterator[None]:
-    """Put ``builtins.print`` back after a kfp.local run.
-
-    kfp.local 2.17 indents task logs by swapping ``builtins.print`` inside each task. Iterations of
-    a ``ParallelFor`` run in threads, so the save/restore pairs interleave and an indented
-    ``print`` can outlive the run, indenting everything the caller (a notebook, a test) prints
-    afterwards.
-    """
-    import builtins
-
-    original = builtins.print
-    try:
-        yield
-    finally:
-        builtins.print = original
-
-
 def _resolve_params(pipeline: str, params: dict[str, Any], validate: bool = True):
     """Split into run-time parameters (typed; validated and complete unless ``validate`` is False)
     and compile-time settings."""
@@ -208,6 +151,7 @@ def run_local(
     from kfp import local
 
     from cifar10_kfp_pipelines.catalog import build, resolve
+    from cifar10_kfp_pipelines.kfp_compat import named_task_outputs, print_restored
     from cifar10_kfp_pipelines.policy import ClusterPolicy
 
     short = resolve(pipeline)

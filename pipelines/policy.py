@@ -16,15 +16,10 @@ Two kfp 2.17 details shape this module:
   ``gpu_train`` registers it with ``register_pipeline_channels``.
 * The KFP API ignores ``enable_caching`` when a run is created from an uploaded pipeline id
   (kubeflow/pipelines#14253), so per-task caching is decided here, at compile time.
-* Every task-setting method (``set_cpu_limit``, ``set_env_variable``, ...) names its caller for
-  an error message with ``inspect.stack()``; see ``quick_task_settings``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import sys
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from cifar10_kfp_components.image import image as default_image
@@ -160,37 +155,3 @@ class ClusterPolicy:
                 backoff_max_duration=r.backoff_max_duration,
             )
         return task
-
-
-@contextlib.contextmanager
-def quick_task_settings() -> Iterator[None]:
-    """Build pipelines without kfp 2.17's ``inspect.stack()`` in every task-setting call.
-
-    ``PipelineTask._ensure_container_spec_exists`` (called by ``set_cpu_limit``,
-    ``set_env_variable`` and the other container settings) takes ``inspect.stack()[1][3]``, the
-    caller's name, for the message it raises on a task without a container. ``inspect.stack``
-    reads the source of every frame and scans ``sys.modules`` for each, so building the training
-    pipeline (about 110 such calls) took 0.5 s, and 1.5 s once torch is imported: time every
-    ``run-local`` and ``compile`` paid. ``sys._getframe(1).f_code.co_name`` is the same name; the
-    check and the message are kfp's, unchanged. Used by the ``build_*_pipeline`` functions.
-    """
-    from kfp.dsl.pipeline_task import PipelineTask
-
-    original = PipelineTask.__dict__.get("_ensure_container_spec_exists")
-    if original is None:  # another kfp version: nothing to replace
-        yield
-        return
-
-    def _ensure_container_spec_exists(self) -> None:
-        if self.container_spec is None:
-            caller = sys._getframe(1).f_code.co_name
-            raise ValueError(
-                f"{caller} can only be used on single-step components, not pipelines used as components, "
-                "or special components like importers."
-            )
-
-    PipelineTask._ensure_container_spec_exists = _ensure_container_spec_exists
-    try:
-        yield
-    finally:
-        PipelineTask._ensure_container_spec_exists = original

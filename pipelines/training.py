@@ -20,7 +20,8 @@ from cifar10_kfp_components.summary import record_publication, record_run_output
 from cifar10_kfp_components.train import train_model
 from cifar10_kfp_components.trainjob import train_on_trainer
 from cifar10_kfp_components.validate import validate_training_params
-from cifar10_kfp_pipelines.policy import ClusterPolicy, quick_task_settings
+from cifar10_kfp_pipelines.kfp_compat import quick_task_settings
+from cifar10_kfp_pipelines.policy import ClusterPolicy
 
 PIPELINE_NAME = "cifar10-training"
 RUN_ID = dsl.PIPELINE_JOB_ID_PLACEHOLDER  # the run's uuid on a cluster; a random id under kfp.local

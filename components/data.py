@@ -18,6 +18,7 @@ def download_dataset(
     checksum: str,
     bucket: str,
     storage_prefix: str,
+    minio_endpoint: str,
     archive: Output[Artifact],
 ):
     """Fetch a dataset archive once, verify it and store it under its content address.
@@ -29,15 +30,20 @@ def download_dataset(
             is always checked against its published md5).
         bucket: Object-store bucket; empty for ``CIFAR10_KFP_BUCKET`` (default ``mlpipeline``).
         storage_prefix: Key prefix; empty for ``CIFAR10_KFP_PREFIX`` (default ``cifar10-kfp/``).
+        minio_endpoint: The object store's host:port the pipeline was compiled for (checked against
+            ``MINIO_ENDPOINT``); an input so that KFP's cache key, which ignores environment variables,
+            changes with it.
         archive: A JSON pointer {source, sha256, size, format, filename, cache_uri} to the
             verified archive in the object store; its metadata adds ``cache_hit``.
     """
     import json
 
     from cifar10_kfp.data.download import fetch_dataset
+    from cifar10_kfp.run_records import report_failures, require_endpoint
     from cifar10_kfp.storage import StorageError, open_store
 
-    store = open_store(bucket or None, storage_prefix or None)
+    report_failures(bucket, storage_prefix)
+    store = require_endpoint(open_store(bucket or None, storage_prefix or None), minio_endpoint)
     if not store.config.endpoint:
         raise StorageError(
             "download_dataset needs an object store to pass the archive to the next step: set MINIO_ENDPOINT, "
@@ -62,6 +68,7 @@ def preprocess_dataset(
     seed: int,
     bucket: str,
     storage_prefix: str,
+    minio_endpoint: str,
     dataset: Output[Dataset],
 ):
     """Decode the verified archive into one prepared-dataset file (safetensors, no pickle).
@@ -75,6 +82,7 @@ def preprocess_dataset(
         seed: Seed of the subsets and the split; the same seed gives a byte-identical file.
         bucket: Object-store bucket; empty for ``CIFAR10_KFP_BUCKET``.
         storage_prefix: Key prefix; empty for ``CIFAR10_KFP_PREFIX``.
+        minio_endpoint: The object store's host:port the pipeline was compiled for (see ``download_dataset``).
         dataset: The prepared dataset (``dataset.safetensors``). Metadata: counts, class_names,
             mean, std, image_size, source_digest, format_version, preprocess_version, cache_uri,
             cache_hit.
@@ -82,13 +90,15 @@ def preprocess_dataset(
     import json
 
     from cifar10_kfp.data.preprocess import prepare_to_file
+    from cifar10_kfp.run_records import report_failures, require_endpoint
     from cifar10_kfp.storage import open_store
 
+    report_failures(bucket, storage_prefix)
     with open(archive.path, encoding="utf-8") as fh:
         pointer = json.load(fh)
     if not pointer.get("cache_uri"):
         raise ValueError(f"the archive pointer {archive.uri} has no cache_uri; re-run download_dataset")
-    store = open_store(bucket or None, storage_prefix or None)
+    store = require_endpoint(open_store(bucket or None, storage_prefix or None), minio_endpoint)
     info = prepare_to_file(
         pointer["cache_uri"],
         dataset.path,

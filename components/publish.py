@@ -46,8 +46,10 @@ def gate_model(
 
     from cifar10_kfp.process import freeze_heap_before_exit
     from cifar10_kfp.publish import run_gate
+    from cifar10_kfp.run_records import record_gate_decision, report_failures
     from cifar10_kfp.storage import open_store
 
+    report_failures(bucket, storage_prefix)
     store = open_store(bucket or None, storage_prefix or None)
     result = run_gate(
         test_accuracy, dataset.path, min_accuracy=min_accuracy, model_name=model_name, store=store
@@ -56,6 +58,7 @@ def gate_model(
     with open(decision.path, "w", encoding="utf-8") as fh:
         json.dump(record, fh, indent=2, sort_keys=True)
     decision.metadata.update({k: v for k, v in record.items() if v is not None})
+    record_gate_decision(store, record)  # the run summary tells "not published" from "failed" by it
     champion = -1.0 if result.champion_accuracy is None else result.champion_accuracy
     freeze_heap_before_exit()  # the process ends next: spare its exit a collection over torch's objects
     return namedtuple("GateOutputs", ["passed", "champion_accuracy"])(result.passed, champion)
@@ -95,8 +98,10 @@ def publish_model(
     from cifar10_kfp.process import freeze_heap_before_exit
     from cifar10_kfp.publish import dataset_digests
     from cifar10_kfp.publish import publish_model as publish
+    from cifar10_kfp.run_records import report_failures
     from cifar10_kfp.storage import open_store
 
+    report_failures(bucket, storage_prefix)
     digests = dataset_digests(dataset.path)
     result = publish(
         model.path,

@@ -1,10 +1,10 @@
-"""The run summary: small steps that record where a run's outputs are, and the exit-handler task.
+"""The run records and the run summary: thin adapters over ``cifar10_kfp.run_records`` and ``run_summary``.
 
 KFP does not let an ``ExitHandler`` task read outputs of the tasks it guards, so the body
-records what it produced under ``<root>/runs/<run_id>/`` in the object store
-(``outputs.json`` after evaluation, ``published.json`` after publishing), and the exit task,
-which always runs, reads those records and writes ``summary.json`` next to them and as its
-own output artifact.
+records what it produced under ``<root>/runs/<run_id>/`` in the object store (``outputs.json``
+after evaluation, ``gate.json`` from the gate, ``published.json`` after publishing, a
+``failures/`` record from any step that fails), and the exit task, which always runs, decides the
+run's status from those records and writes ``summary.json`` next to them and as its output.
 """
 
 from kfp import dsl
@@ -49,39 +49,16 @@ def record_run_outputs(
     Returns:
         The URI of the record (``<root>/runs/<run_id>/outputs.json``).
     """
-    import json
-
+    from cifar10_kfp.run_records import RunRecords, report_failures, training_outputs
     from cifar10_kfp.storage import open_store
 
-    def scalars(metadata):
-        return {
-            k: v for k, v in dict(metadata).items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-        }
-
-    store = open_store(bucket or None, storage_prefix or None)
-    train = scalars(train_metrics.metadata)
-    metrics = {f"train_{k}" if not k.startswith(("train_", "val_")) else k: v for k, v in train.items()}
-    metrics.update(scalars(eval_metrics.metadata))
-    metrics["test_accuracy"] = float(test_accuracy)
-    record = {
-        "pipeline": pipeline_name,
-        "run_id": run_id,
-        "parameters": json.loads(params_json),
-        "metrics": metrics,
-        "artifacts": {
-            "dataset_archive": archive.metadata.get("cache_uri") or archive.uri,
-            "dataset": dataset.uri,
-            "prepared_dataset_cache": dataset.metadata.get("cache_uri", ""),
-            "model": model.uri,
-            "checkpoints": model.metadata.get("checkpoint_uri")
-            or train_metrics.metadata.get("checkpoint_uri", ""),
-            "history": history.uri,
-            "metrics": eval_metrics.uri,
-            "report": report.uri,
-        },
-    }
-    uri = store.root_uri("runs", run_id, "outputs.json")
-    store.put_bytes(json.dumps(record, indent=2, sort_keys=True).encode(), uri)
+    report_failures(bucket, storage_prefix)
+    record = training_outputs(
+        pipeline=pipeline_name, run_id=run_id, params_json=params_json, test_accuracy=test_accuracy,
+        archive=archive, dataset=dataset, model=model, train_metrics=train_metrics, history=history,
+        eval_metrics=eval_metrics, report=report,
+    )  # fmt: skip
+    uri = RunRecords(open_store(bucket or None, storage_prefix or None), run_id).write("outputs.json", record)
     print("recorded", uri)
     return uri
 
@@ -114,32 +91,15 @@ def record_sweep_outputs(
     Returns:
         The URI of the record (``<root>/runs/<run_id>/outputs.json``).
     """
-    import json
-
+    from cifar10_kfp.run_records import RunRecords, report_failures, sweep_outputs
     from cifar10_kfp.storage import open_store
 
-    store = open_store(bucket or None, storage_prefix or None)
-    meta = dict(best_model.metadata)
-    record = {
-        "pipeline": pipeline_name,
-        "run_id": run_id,
-        "parameters": json.loads(params_json),
-        "metrics": {
-            "test_accuracy": float(best_accuracy),
-            "best_trial": int(meta.get("trial_index", -1)),
-            "trial_accuracies": meta.get("sweep_accuracies", []),
-        },
-        "best_trial": json.loads(meta.get("trial", "{}")),
-        "artifacts": {
-            "dataset_archive": archive.metadata.get("cache_uri") or archive.uri,
-            "dataset": dataset.uri,
-            "prepared_dataset_cache": dataset.metadata.get("cache_uri", ""),
-            "model": best_model.uri,
-            "checkpoints": meta.get("checkpoint_uri", ""),
-        },
-    }
-    uri = store.root_uri("runs", run_id, "outputs.json")
-    store.put_bytes(json.dumps(record, indent=2, sort_keys=True).encode(), uri)
+    report_failures(bucket, storage_prefix)
+    record = sweep_outputs(
+        pipeline=pipeline_name, run_id=run_id, params_json=params_json, best_accuracy=best_accuracy,
+        archive=archive, dataset=dataset, best_model=best_model,
+    )  # fmt: skip
+    uri = RunRecords(open_store(bucket or None, storage_prefix or None), run_id).write("outputs.json", record)
     print("recorded", uri)
     return uri
 
@@ -158,13 +118,12 @@ def record_publication(uri: str, version: str, run_id: str, bucket: str, storage
     Returns:
         The URI of the record (``<root>/runs/<run_id>/published.json``).
     """
-    import json
-
+    from cifar10_kfp.run_records import RunRecords, report_failures
     from cifar10_kfp.storage import open_store
 
-    store = open_store(bucket or None, storage_prefix or None)
-    record_uri = store.root_uri("runs", run_id, "published.json")
-    store.put_bytes(json.dumps({"uri": uri, "version": version}, sort_keys=True).encode(), record_uri)
+    report_failures(bucket, storage_prefix)
+    records = RunRecords(open_store(bucket or None, storage_prefix or None), run_id)
+    record_uri = records.write("published.json", {"uri": uri, "version": version})
     print("recorded", record_uri)
     return record_uri
 
@@ -179,10 +138,10 @@ def write_run_summary(
     storage_prefix: str,
     summary: Output[Artifact],
 ):
-    """Write the run summary (status, metrics, where everything is); runs whatever happened.
+    """Write the run summary (status, failed step and error, metrics, where everything is); runs whatever happened.
 
     Args:
-        status: Final status of the guarded tasks (set by KFP).
+        status: KFP's final status of the guarded tasks; trusted only where final (see cifar10_kfp.run_summary).
         pipeline_name: Name of the pipeline.
         run_id: The KFP run id.
         checkpoint_uri: The checkpoint location parameter (empty: derived from the run id).
@@ -192,46 +151,13 @@ def write_run_summary(
     """
     import json
 
-    from cifar10_kfp.storage import ObjectNotFound, StorageError, open_store
+    from cifar10_kfp.run_summary import ReportedStatus, write_summary
+    from cifar10_kfp.storage import open_store
 
-    state = str(status.state or "").upper()
-    result = {
-        "status": "SUCCEEDED" if state in ("SUCCEEDED", "SUCCESS", "COMPLETE", "COMPLETED") else "FAILED",
-        "state": state,
-        "error": status.error_message or "",
-        "failed_task": status.pipeline_task_name if state not in ("SUCCEEDED",) else "",
-        "pipeline": pipeline_name,
-        "run_id": run_id,
-        "parameters": {},
-        "metrics": {},
-        "published": None,
-        "artifacts": {},
-    }
-    problems = []
-    try:
-        store = open_store(bucket or None, storage_prefix or None)
-        run_root = store.root_uri("runs", run_id)
-        for name in ("outputs.json", "published.json"):
-            try:
-                record = json.loads(store.get_bytes(f"{run_root}/{name}"))
-            except ObjectNotFound:
-                continue  # that step did not run (failed earlier, or the gate said no)
-            if name == "published.json":
-                result["published"] = record
-            else:
-                for key in ("parameters", "metrics", "artifacts", "best_trial"):
-                    if key in record:
-                        result[key] = record[key]
-        if not result["artifacts"].get("checkpoints"):
-            # Training failed before the record: point at what the checkpointer left, for a resume.
-            root = checkpoint_uri or store.root_uri("checkpoints", run_id)
-            found = store.list(root) if root.startswith(("s3://", "minio://")) else []
-            result["artifacts"]["checkpoints"] = root if found else ""
-        result["summary_uri"] = f"{run_root}/summary.json"
-        store.put_bytes(json.dumps(result, indent=2, sort_keys=True).encode(), result["summary_uri"])
-    except StorageError as exc:  # the summary must still be written as the task output
-        problems.append(f"object store: {exc}")
-    result["problems"] = problems
+    result = write_summary(
+        lambda: open_store(bucket or None, storage_prefix or None), run_id, ReportedStatus.of(status),
+        pipeline=pipeline_name, checkpoint_uri=checkpoint_uri,
+    )  # fmt: skip
     with open(summary.path, "w") as fh:
         json.dump(result, fh, indent=2, sort_keys=True)
     summary.metadata["status"] = result["status"]
@@ -243,6 +169,8 @@ def select_best_model(
     models: Input[list[Model]],
     accuracies: list[float],
     trials: list,
+    bucket: str,
+    storage_prefix: str,
     best_model: Output[Model],
 ) -> float:
     """Pick the sweep trial with the highest test accuracy (the first on a tie).
@@ -251,6 +179,8 @@ def select_best_model(
         models: The trained model of every trial, in trial order (``dsl.Collected``).
         accuracies: The test accuracy of every trial, in trial order (``dsl.Collected``).
         trials: The trial settings, in trial order.
+        bucket: Object-store bucket (for the failure record), empty for the configured one.
+        storage_prefix: Object-store key prefix, empty for the configured one.
         best_model: A copy of the winning model directory, with the trial in its metadata.
 
     Returns:
@@ -259,6 +189,9 @@ def select_best_model(
     import json
     import shutil
 
+    from cifar10_kfp.run_records import report_failures
+
+    report_failures(bucket, storage_prefix)
     if not models or len(models) != len(accuracies):
         raise ValueError(
             f"got {len(models)} models and {len(accuracies)} accuracies: every trial must report both"

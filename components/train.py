@@ -61,7 +61,9 @@ def train_model(
     from cifar10_kfp.config import make_config
     from cifar10_kfp.engine import default_checkpoint_uri, train
     from cifar10_kfp.process import freeze_heap_before_exit
+    from cifar10_kfp.run_records import report_failures
 
+    report_failures(bucket, storage_prefix)
     overrides = json.loads(extra_hparams) if extra_hparams.strip() else {}
     if not isinstance(overrides, dict):
         raise ValueError(f"extra_hparams must be a JSON object, got {extra_hparams!r}")

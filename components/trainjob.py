@@ -70,8 +70,11 @@ def train_on_trainer(
     from cifar10_kfp.config import make_config
     from cifar10_kfp.engine import default_checkpoint_uri
     from cifar10_kfp.params import training_overrides
+    from cifar10_kfp.run_records import report_failures
     from cifar10_kfp.storage import open_store
     from cifar10_kfp.trainjob import TrainJobRequest, current_namespace, job_name, run_trainjob
+
+    report_failures(bucket, storage_prefix)
 
     # The same mapping as the single-node train step: ""/0 keep the preset's value.
     overrides = training_overrides(

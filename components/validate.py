@@ -70,6 +70,10 @@ def validate_training_params(
     params = dict(locals())  # first statement: exactly the parameters
     import json
 
+    from cifar10_kfp.run_records import report_failures
+
+    report_failures(bucket, storage_prefix)  # a refusal is recorded for the run summary
+
     from cifar10_kfp.params import gpu_limit_for_pod, validate_pipeline_params
 
     values = validate_pipeline_params(params, "training")
@@ -139,6 +143,10 @@ def validate_sweep_params(
     """
     params = dict(locals())  # first statement: exactly the parameters
     import json
+
+    from cifar10_kfp.run_records import report_failures
+
+    report_failures(bucket, storage_prefix)  # a refusal is recorded for the run summary
 
     from cifar10_kfp.params import validate_pipeline_params
 

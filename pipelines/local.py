@@ -151,7 +151,7 @@ def run_local(
     from kfp import local
 
     from cifar10_kfp_pipelines.catalog import build, resolve
-    from cifar10_kfp_pipelines.kfp_compat import named_task_outputs, print_restored
+    from cifar10_kfp_pipelines.kfp_compat import exported_local_run_id, named_task_outputs, print_restored
     from cifar10_kfp_pipelines.policy import ClusterPolicy
 
     short = resolve(pipeline)
@@ -172,7 +172,7 @@ def run_local(
             runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(run_root), raise_on_error=True
         )
         try:
-            with print_restored(), named_task_outputs(), warnings.catch_warnings():
+            with print_restored(), named_task_outputs(), exported_local_run_id(), warnings.catch_warnings():
                 # Resources, accelerators, display names and Kubernetes settings are for the cluster;
                 # kfp.local warns once per task that it ignores them.
                 warnings.filterwarnings("ignore", message=".*no effect in the current local runner.*")
@@ -183,12 +183,7 @@ def run_local(
         ) as exc:  # kfp.local: "Pipeline ... finished with status FAILURE. Inner task failed: ..."
             error = _plain(str(exc))
         summary = _read_summary(run_root)
-    if summary is None:
-        summary = {"status": "FAILED", "metrics": {}, "published": None, "artifacts": {}}
-        error = error or "the run-summary task did not run"
-    summary["status"] = "FAILED" if error else summary.get("status", "FAILED")
-    if error:
-        summary["error"] = error if not summary.get("error") else f"{error} ({summary['error']})"
+    summary = _with_local_failure(summary, error)
     summary.update(
         pipeline=f"cifar10-{short}",
         parameters={**values, **build_params},
@@ -202,6 +197,27 @@ def run_local(
         path = Path(summary_json)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    return summary
+
+
+def _with_local_failure(summary: dict | None, error: str) -> dict:
+    """The exit handler's summary, made to agree with kfp.local's own verdict ``error`` ("" if none).
+
+    The summary names the failing task and its error when the task recorded them; kfp.local's
+    message ("... Inner task failed: 'download-dataset' inside 'exit-handler-1'") fills in only
+    what the summary lacks.
+    """
+    import re
+
+    if summary is None:
+        summary = {"status": "FAILED", "failed_task": "", "error": error or "the run-summary task did not run",
+                   "metrics": {}, "published": None, "artifacts": {}}  # fmt: skip
+    if error:
+        summary["status"] = "FAILED"
+        if not summary.get("failed_task"):
+            inner = re.search(r"Inner task failed: '([^']+)'", error)
+            summary["failed_task"] = inner.group(1) if inner else ""
+            summary["error"] = error
     return summary
 
 

@@ -15,7 +15,17 @@ Two kfp 2.17 details shape this module:
   ``dsl.If``/``ParallelFor`` the compiler fails with "component_input_parameter ... not found";
   ``gpu_train`` registers it with ``register_pipeline_channels``.
 * The KFP API ignores ``enable_caching`` when a run is created from an uploaded pipeline id
-  (kubeflow/pipelines#14253), so per-task caching is decided here, at compile time.
+  (kubeflow/pipelines#14253), so per-task caching is decided here, at compile time. KFP's cache
+  key is the task's inputs, image and command (backend/src/v2/cacheutils/cache.go
+  ``GenerateCacheKey``): not its environment, and not ``set_caching_options(cache_key=...)``, which
+  the backend never reads. So a cached step that reads or writes our object store (its component
+  has a ``bucket`` input) must also take the endpoint as the input ``minio_endpoint``; otherwise a
+  pipeline recompiled for another store would reuse results that point into the old one.
+
+Every task also gets ``CIFAR10_KFP_TASK`` (its KFP task name) and ``CIFAR10_KFP_RUN_ID`` (from the
+pod label ``pipeline/runid`` that the KFP API server puts on every pod of a run), so that a failing
+step records its error where the run summary finds it (``cifar10_kfp.run_records``), and every
+task but the single-node train step gets ``NVIDIA_VISIBLE_DEVICES=void`` (see ``step``).
 """
 
 from __future__ import annotations
@@ -35,6 +45,19 @@ CACHED_STEPS = frozenset({"download", "preprocess"})
 ALL_STEPS = (
     "validate", "download", "preprocess", "train", "evaluate", "gate", "publish", "record", "select", "summary"
 )  # fmt: skip
+# Steps whose result depends on more than their inputs: the published champion, or this run's records.
+NEVER_CACHED = {"gate": "it compares against the currently published model", "publish": "it publishes a new version",
+                "record": "it writes this run's records", "summary": "it summarises this run"}  # fmt: skip
+STORE_IDENTITY_INPUT = (
+    "minio_endpoint"  # with ``bucket``, what makes a cached store step's key name its store
+)
+TASK_ENV, RUN_ID_ENV = (
+    "CIFAR10_KFP_TASK",
+    "CIFAR10_KFP_RUN_ID",
+)  # = cifar10_kfp.run_records.TASK_ENV, RUN_ID_ENV
+RUN_ID_FIELD_PATH = (
+    "metadata.labels['pipeline/runid']"  # KFP's apiserver/template/v2_template.go sets it on pods
+)
 
 
 @dataclass(frozen=True)
@@ -49,10 +72,11 @@ class Resources:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """KFP ``set_retry`` arguments. Training resumes from its last checkpoint, so a retry is cheap."""
+    """KFP ``set_retry`` arguments (what is and is not retried: ``ClusterPolicy.retry``). A retried
+    train step resumes from its last checkpoint, so a retry is cheap."""
 
     num_retries: int = 3
-    backoff_duration: str = "60s"  # first wait; long enough for a preempted node to be replaced
+    backoff_duration: str = "60s"  # first wait: lets a transient cause (an OOM neighbour, an eviction) pass
     backoff_factor: float = 2.0
     backoff_max_duration: str = "1800s"
 
@@ -70,22 +94,29 @@ class ClusterPolicy:
     # Train: feeds the GPU from uint8 tensors already in memory, so a few cores suffice.
     train_resources: Resources = Resources("4", "8", "16Gi", "32Gi")
     train_retry: RetryPolicy = RetryPolicy()
+    # Memory-backed /dev/shm of the single-node train pod: NCCL's intra-node transport and PyTorch's
+    # inter-process tensors live there, and a container's default /dev/shm is 64 MiB. It counts
+    # against the train memory limit.
+    train_shm_size: str = "2Gi"
     cached_steps: frozenset[str] = CACHED_STEPS
 
     def with_cached_steps(self, extra: list[str] | tuple[str, ...]) -> ClusterPolicy:
-        """A copy that also caches ``extra`` steps (``compile --cache train``)."""
+        """A copy that also caches ``extra`` steps (``compile --cache evaluate``)."""
         unknown = sorted(set(extra) - set(ALL_STEPS))
         if unknown:
             raise ValueError(f"--cache {', '.join(unknown)}: not a step; use one of {', '.join(ALL_STEPS)}")
+        for step in extra:
+            if step in NEVER_CACHED:
+                raise ValueError(f"--cache {step}: a cached {step} step would be wrong: {NEVER_CACHED[step]}")
         return replace(self, cached_steps=self.cached_steps | frozenset(extra))
 
     @classmethod
     def for_local(cls, minio_endpoint: str, *, minio_secure: bool = False) -> ClusterPolicy:
         """The policy ``run-local`` uses: the same settings, pointed at the local object store.
 
-        kfp.local applies ``set_env_variable`` to its subprocesses, so the endpoint must be the
-        local one. Retries are off: there is no node preemption to recover from on a laptop,
-        and a genuine failure should be reported at once rather than after minutes of backoff.
+        kfp.local applies ``set_env_variable`` to its subprocesses (and ignores the Kubernetes
+        settings), so the endpoint must be the local one. Retries are off: a genuine failure
+        should be reported at once rather than after minutes of backoff.
         """
         return cls(
             minio_endpoint=minio_endpoint, minio_secure=minio_secure, train_retry=RetryPolicy(num_retries=0)
@@ -93,18 +124,44 @@ class ClusterPolicy:
 
     # -- per-task settings ---------------------------------------------------------------
 
-    def step(self, task, step: str, *, storage: bool = True, resources: Resources | None = None):
-        """Settings every task gets: image, caching, resources, and object-store access."""
+    def step(self, task, step: str, *, resources: Resources | None = None, gpu: bool = False):
+        """Settings every task gets: image, caching, resources, object-store access, run identity, GPU isolation.
+
+        ``NVIDIA_VISIBLE_DEVICES=void`` (unless ``gpu``): the image's CUDA base sets it to ``all``, and
+        on a node whose container runtime is NVIDIA's, a pod that requests no GPU would otherwise see
+        every GPU of the node. ``void`` makes the runtime add none (nvidia-container-toolkit,
+        internal/config/image/cuda_image.go ``devicesFromEnvvars``: unset, empty or "void" -> no
+        devices). The train step does not get it: kubelet puts a pod's own variables after the
+        device plugin's (``GenerateRunContainerOptions`` appends them), so it would hide the GPUs
+        the device plugin assigned.
+        """
+        from kfp import kubernetes
+
         if step not in ALL_STEPS:
             raise ValueError(f"unknown step {step!r}")
         task.set_container_image(self.image)
-        task.set_caching_options(step in self.cached_steps)
+        task.set_caching_options(self._cacheable(task, step))
         res = resources or self.step_resources
         task.set_cpu_request(res.cpu_request).set_cpu_limit(res.cpu_limit)
         task.set_memory_request(res.memory_request).set_memory_limit(res.memory_limit)
-        if storage:
-            self.object_store(task)
+        self.object_store(task)
+        task.set_env_variable(TASK_ENV, task.name)
+        kubernetes.use_field_path_as_env(task, RUN_ID_ENV, RUN_ID_FIELD_PATH)
+        if not gpu:
+            task.set_env_variable("NVIDIA_VISIBLE_DEVICES", "void")
         return task
+
+    def _cacheable(self, task, step: str) -> bool:
+        if step not in self.cached_steps:
+            return False
+        inputs = task.component_spec.inputs or {}
+        if "bucket" in inputs and STORE_IDENTITY_INPUT not in inputs:
+            raise ValueError(
+                f"--cache {step}: task {task.name} reads or writes the object store but takes no "
+                f"{STORE_IDENTITY_INPUT} input, so KFP's cache key would not change with --minio-endpoint and a "
+                "recompiled pipeline would reuse results that point into the old store"
+            )
+        return True
 
     def object_store(self, task):
         """Credentials from the KFP artifact secret; the endpoint from this policy (no credential in the spec)."""
@@ -118,20 +175,25 @@ class ClusterPolicy:
         return task
 
     def gpu_train(self, task, gpu_limit):
-        """The single-node train step: GPUs, GPU toleration, big resources, retry with backoff.
+        """The single-node train step: GPUs, GPU toleration, memory-backed /dev/shm, big resources, retries.
 
-        ``gpu_limit`` is the validate step's string output (see the module docstring).
+        ``gpu_limit`` is the validate step's string output (see the module docstring). The GPU
+        count is known only at run time, so the toleration and /dev/shm are there even when it
+        is 0: such a pod may land on a GPU node, holds no GPU there, and trains on CPU.
         """
         from kfp import kubernetes
         from kfp.dsl.pipeline_channel import PipelineChannel
 
-        self.step(task, "train", resources=self.train_resources)
+        self.step(task, "train", resources=self.train_resources, gpu=True)
         task.set_accelerator_type(GPU_RESOURCE).set_accelerator_limit(gpu_limit)
         if isinstance(gpu_limit, PipelineChannel):
             # set_accelerator_limit does not register its channel (set_container_image does), so inside
             # a dsl.If or ParallelFor the compiler would not route it into the sub-DAG's inputs.
             task.register_pipeline_channels([gpu_limit])
         kubernetes.add_toleration(task, key=GPU_RESOURCE, operator="Exists", effect="NoSchedule")
+        kubernetes.empty_dir_mount(
+            task, volume_name="dshm", mount_path="/dev/shm", medium="Memory", size_limit=self.train_shm_size
+        )
         self.retry(task)
         return task
 
@@ -146,6 +208,11 @@ class ClusterPolicy:
         return task
 
     def retry(self, task):
+        """KFP ``set_retry``: an Argo ``retryStrategy`` with no ``retryPolicy``, so Argo's default
+        ``OnFailure`` applies. It retries a pod whose main container failed (an exception, an OOM
+        kill) or that failed with a message (kubelet eviction); it does NOT retry an Argo
+        ``Error``: a deleted pod (preemption, node drain, a lost node), or a failed init or wait
+        container. See docs/pipelines.md, "Retries"."""
         r = self.train_retry
         if r.num_retries > 0:
             task.set_retry(

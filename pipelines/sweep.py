@@ -97,14 +97,19 @@ def build_sweep_pipeline(policy: ClusterPolicy | None = None, parallelism: int =
                 checkpoint_uri=checkpoint_uri, min_accuracy=min_accuracy, model_name=model_name,
                 hparam_sets=hparam_sets, **storage,
             ).set_display_name("validate")  # fmt: skip
-            policy.step(validate, "validate", storage=False)
-            download = download_dataset(source_uri=dataset_uri, checksum=dataset_checksum, **storage)
+            policy.step(validate, "validate")
+            download = download_dataset(
+                source_uri=dataset_uri,
+                checksum=dataset_checksum,
+                minio_endpoint=policy.minio_endpoint,
+                **storage,
+            )
             download.set_display_name("download").after(validate)
             policy.step(download, "download")
             preprocess = preprocess_dataset(
                 archive=download.outputs["archive"], val_fraction=val_fraction,
                 max_train_samples=max_train_samples, max_test_samples=max_test_samples, image_size=image_size,
-                seed=seed, **storage,
+                seed=seed, minio_endpoint=policy.minio_endpoint, **storage,
             ).set_display_name("preprocess")  # fmt: skip
             policy.step(preprocess, "preprocess")
             dataset = preprocess.outputs["dataset"]
@@ -126,8 +131,9 @@ def build_sweep_pipeline(policy: ClusterPolicy | None = None, parallelism: int =
                 models=dsl.Collected(train.outputs["model"]),
                 accuracies=dsl.Collected(evaluation.outputs["test_accuracy"]),
                 trials=validate.outputs["trials"],
+                **storage,
             ).set_display_name("select-best")
-            policy.step(best, "select", storage=False)
+            policy.step(best, "select")
             record = record_sweep_outputs(
                 archive=download.outputs["archive"], dataset=dataset, best_model=best.outputs["best_model"],
                 best_accuracy=best.outputs["Output"], params_json=validate.outputs["params_json"],

@@ -34,7 +34,7 @@ def evaluate_and_publish(policy, *, train, archive, dataset, params_json, min_ac
     evaluation = evaluate_model(
         model=train.outputs["model"], dataset=dataset, history=train.outputs["history"], tta=True
     ).set_display_name("evaluate")
-    policy.step(evaluation, "evaluate", storage=True)
+    policy.step(evaluation, "evaluate")
     test_accuracy = evaluation.outputs["test_accuracy"]
     record = record_run_outputs(
         archive=archive, dataset=dataset, model=train.outputs["model"], train_metrics=train.outputs["metrics"],
@@ -128,14 +128,19 @@ def build_training_pipeline(policy: ClusterPolicy | None = None):
                 checkpoint_every=checkpoint_every, checkpoint_uri=checkpoint_uri, min_accuracy=min_accuracy,
                 model_name=model_name, **storage,
             ).set_display_name("validate")  # fmt: skip
-            policy.step(validate, "validate", storage=False)
-            download = download_dataset(source_uri=dataset_uri, checksum=dataset_checksum, **storage)
+            policy.step(validate, "validate")
+            download = download_dataset(
+                source_uri=dataset_uri,
+                checksum=dataset_checksum,
+                minio_endpoint=policy.minio_endpoint,
+                **storage,
+            )
             download.set_display_name("download").after(validate)
             policy.step(download, "download")
             preprocess = preprocess_dataset(
                 archive=download.outputs["archive"], val_fraction=val_fraction,
                 max_train_samples=max_train_samples, max_test_samples=max_test_samples, image_size=image_size,
-                seed=seed, **storage,
+                seed=seed, minio_endpoint=policy.minio_endpoint, **storage,
             ).set_display_name("preprocess")  # fmt: skip
             policy.step(preprocess, "preprocess")
             common = dict(

@@ -18,23 +18,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-def read_run_summary(run_id: str, store=None) -> dict | None:
-    """The summary the run's exit handler wrote to ``<root>/runs/<run_id>/summary.json``, if readable.
-
-    Metrics live in the object store (and in KFP's metadata store), not in the runs API, so this
-    needs the MINIO_* variables; without them the metric columns stay empty.
-    """
+def _summary_reader(store=None):
+    """``run_id -> summary or None``. Summaries live in the object store (written by each run's exit
+    handler), not in the runs API, so without MINIO_* settings the metric columns stay empty."""
     import os
 
-    from cifar10_kfp.storage import ObjectNotFound, ObjectStore, StorageError
-
     if store is None and not os.environ.get("MINIO_ENDPOINT"):
-        return None
+        return lambda run_id: None
+    from cifar10_kfp.run_records import read_summary
+    from cifar10_kfp.storage import ObjectStore
+
     store = store or ObjectStore()
-    try:
-        return json.loads(store.get_bytes(store.root_uri("runs", run_id, "summary.json")))
-    except (ObjectNotFound, StorageError, ValueError):
-        return None
+    return lambda run_id: read_summary(store, run_id)
 
 
 def collect(
@@ -46,9 +41,10 @@ def collect(
         page_size=limit,
         sort_by="created_at desc",
     )
+    read_summary = _summary_reader(store)
     rows = []
     for run in response.runs or []:
-        summary = read_run_summary(run.run_id, store) or {}
+        summary = read_summary(run.run_id) or {}
         metrics = summary.get("metrics") or {}
         published = summary.get("published") or {}
         rows.append(

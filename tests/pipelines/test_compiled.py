@@ -120,30 +120,57 @@ def test_train_gets_gpus_resources_toleration_and_retry(training):
     assert _tasks(spec)["train-on-trainer"]["retryPolicy"]["maxRetryCount"] == 3
 
 
-@pytest.mark.parametrize("which", ["training", "sweep"])
-def test_storage_steps_get_the_secret_and_endpoint_and_caching_is_per_task(which, training, sweep):
-    spec, platform = {"training": training, "sweep": sweep}[which]
+def _container_tasks(spec: dict):
+    """(task name, task, executor label) of every task that runs a container."""
     for name, task in _tasks(spec).items():
         if "componentRef" not in task or name.startswith(("condition-", "exit-handler", "for-loop")):
             continue
         label = spec["components"][task["componentRef"]["name"]].get("executorLabel")
-        if label is None:
-            continue
-        env = {
-            e["name"]: e["value"]
-            for e in spec["deploymentSpec"]["executors"][label]["container"].get("env", [])
-        }
-        if name.startswith(("validate-", "select-best")):
-            assert label not in platform or "secretAsEnv" not in platform[label], name
-            continue
+        if label is not None:
+            yield name, task, label
+
+
+@pytest.mark.parametrize("which", ["training", "sweep"])
+def test_every_step_gets_the_secret_endpoint_and_run_identity_and_caching_is_per_task(which, training, sweep):
+    """Every step may record its failure, so every step reaches the store and knows its run and task."""
+    spec, platform = {"training": training, "sweep": sweep}[which]
+    for name, task, label in _container_tasks(spec):
+        env = {e["name"]: e["value"] for e in spec["deploymentSpec"]["executors"][label]["container"]["env"]}
         [secret] = platform[label]["secretAsEnv"]
         assert secret["secretName"] == SECRET
         assert {(k["secretKey"], k["envVar"]) for k in secret["keyToEnv"]} == {
             ("accesskey", "MINIO_ACCESS_KEY"), ("secretkey", "MINIO_SECRET_KEY")
         }  # fmt: skip
         assert env["MINIO_ENDPOINT"] == "seaweedfs.kubeflow:9000", name
+        assert env["CIFAR10_KFP_TASK"] == name
+        assert platform[label]["fieldPathAsEnv"] == [
+            {"fieldPath": "metadata.labels['pipeline/runid']", "name": "CIFAR10_KFP_RUN_ID"}
+        ]
         cached = task.get("cachingOptions", {}).get("enableCache", False)
         assert cached == name.startswith(("download-dataset", "preprocess-dataset")), name
+        if cached:  # the store is part of the cache key: an input, not only an environment variable
+            endpoint = task["inputs"]["parameters"]["minio_endpoint"]["runtimeValue"]["constant"]
+            assert endpoint == "seaweedfs.kubeflow:9000"
+
+
+@pytest.mark.parametrize("which", ["training", "sweep"])
+def test_only_the_train_step_may_see_gpus(which, training, sweep):
+    """CPU steps: NVIDIA_VISIBLE_DEVICES=void and no GPU toleration; train: GPUs, toleration, /dev/shm in memory."""
+    spec, platform = {"training": training, "sweep": sweep}[which]
+    for name, _, label in _container_tasks(spec):
+        container = spec["deploymentSpec"]["executors"][label]["container"]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        if name == "train-model":
+            assert "NVIDIA_VISIBLE_DEVICES" not in env  # it would override the device plugin's assignment
+            assert platform[label]["tolerations"][0]["key"] == "nvidia.com/gpu"
+            assert platform[label]["emptyDirMounts"] == [
+                {"medium": "Memory", "mountPath": "/dev/shm", "sizeLimit": "2Gi", "volumeName": "dshm"}
+            ]
+            continue
+        assert env["NVIDIA_VISIBLE_DEVICES"] == "void", name
+        assert "tolerations" not in platform[label] and "accelerator" not in container.get("resources", {}), (
+            name
+        )
 
 
 @pytest.mark.parametrize("which", ["training", "sweep"])
@@ -196,16 +223,31 @@ def test_compile_options_change_image_endpoint_caching_and_parallelism(tmp_path)
     from cifar10_kfp_pipelines.cli import main
 
     assert main(["compile", "--output-dir", str(tmp_path), "--image", "registry.example/cifar:9",
-                 "--minio-endpoint", "minio.storage:9000", "--cache", "train", "--sweep-parallelism", "5"]) == 0  # fmt: skip
+                 "--minio-endpoint", "minio.storage:9000", "--cache", "evaluate", "--sweep-parallelism", "5"]) == 0  # fmt: skip
     spec, _ = _load(tmp_path / "cifar10-training.yaml")
     assert {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()} == {
         "registry.example/cifar:9"
     }
-    assert _tasks(spec)["train-model"]["cachingOptions"]["enableCache"] is True
+    assert _tasks(spec)["evaluate-model"]["cachingOptions"]["enableCache"] is True
     assert not _tasks(spec)["publish-model"].get("cachingOptions", {}).get("enableCache", False)
     env = {e["name"]: e["value"] for e in _executor(spec, "train-model")["env"]}
     assert env["MINIO_ENDPOINT"] == "minio.storage:9000"
+    # another endpoint is another cache key for every cached step that touches the store
+    download_inputs = _tasks(spec)["download-dataset"]["inputs"]["parameters"]
+    assert download_inputs["minio_endpoint"]["runtimeValue"]["constant"] == "minio.storage:9000"
     sweep_spec, _ = _load(tmp_path / "cifar10-sweep.yaml")
     [loop] = [t for n, t in _tasks(sweep_spec).items() if n.startswith("for-loop-")]
     assert loop["iteratorPolicy"]["parallelismLimit"] == 5
     assert main(["compile", "--output-dir", str(tmp_path), "--cache", "everything"]) == 2
+
+
+@pytest.mark.parametrize(("step", "why"), [
+    ("train", "takes no minio_endpoint input, so KFP's cache key would not change with --minio-endpoint"),
+    ("gate", "it compares against the currently published model"),
+    ("record", "it writes this run's records"),
+])  # fmt: skip
+def test_steps_that_must_not_be_cached_are_refused_with_the_reason(step, why, tmp_path, capsys):
+    from cifar10_kfp_pipelines.cli import main
+
+    assert main(["compile", "--output-dir", str(tmp_path), "--cache", step]) == 2
+    assert why in capsys.readouterr().err

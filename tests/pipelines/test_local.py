@@ -64,6 +64,7 @@ def test_training_pipeline_end_to_end(subset, store_env: ObjectStore, tmp_path, 
     # the exit handler also left the summary next to the run's records in the object store
     stored = json.loads(store_env.get_bytes(store_env.root_uri("runs", summary["run_id"], "summary.json")))
     assert stored["status"] == "SUCCEEDED" and stored["published"] == published
+    assert stored["gate"]["passed"] is True and stored["failed_task"] == "" and stored["failures"] == []
     assert "test_accuracy" in out and "published" in out  # the final table
 
 
@@ -101,11 +102,28 @@ def test_bad_parameters_fail_at_the_validate_step_and_nothing_trains(tmp_path, m
     summary = run_local("training", {"dataset_uri": str(subset), "num_gpus": 99, "epochs": -2},
                         output_root=tmp_path / "runs", validate_first=False)  # fmt: skip
     assert summary["status"] == "FAILED"
-    assert "validate-training-params" in summary["error"]
+    assert summary["failed_task"] == "validate-training-params"  # recorded by the step itself
+    assert summary["error"].startswith("ValueError: epochs=-2 is out of range")
     run_dirs = list((tmp_path / "runs").rglob("*"))
     assert not [p for p in run_dirs if p.name in ("train-model", "train-on-trainer", "download-dataset")]
     assert [p for p in run_dirs if p.name == "write-run-summary"], "the exit handler must still run"
     assert {k: v for k, v in os.environ.items() if k.startswith("MINIO_")} == before  # env restored
+
+
+@pytest.mark.slow
+def test_a_failed_download_is_named_with_its_error_in_the_summary(store_env, tmp_path):
+    """The step records its own failure; the exit handler's summary (local and in the store) carries it."""
+    import socket
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/cifar-10-python.tar.gz"
+    summary = run_local("training", {**FAST, "dataset_uri": url}, output_root=tmp_path / "runs")
+    assert summary["status"] == "FAILED" and summary["failed_task"] == "download-dataset"
+    assert summary["error"].startswith("DownloadError: ") and url in summary["error"]
+    stored = json.loads(store_env.get_bytes(store_env.root_uri("runs", summary["run_id"], "summary.json")))
+    assert (stored["failed_task"], stored["error"]) == (summary["failed_task"], summary["error"])
+    assert stored["state"] == "FAILED" and stored["failures"][0]["task"] == "download-dataset"
 
 
 def test_run_local_rejects_bad_parameters_before_starting_anything(tmp_path, capsys):

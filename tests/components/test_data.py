@@ -23,15 +23,12 @@ def official_archive(tmp_path_factory):
 
 
 def _run_both(tmp_path: Path, url: str, checksum: str, run: str):
+    store = {"bucket": "", "storage_prefix": "", "minio_endpoint": os.environ["MINIO_ENDPOINT"]}
     archive = dsl.Artifact(uri=str(tmp_path / run / "archive"), metadata={})
     dataset = dsl.Dataset(uri=str(tmp_path / run / "dataset"), metadata={})
     Path(archive.path).parent.mkdir(parents=True, exist_ok=True)
-    download_dataset.python_func(
-        source_uri=url, checksum=checksum, bucket="", storage_prefix="", archive=archive
-    )
-    preprocess_dataset.python_func(
-        archive=archive, **PREPROCESS_ARGS, bucket="", storage_prefix="", dataset=dataset
-    )
+    download_dataset.python_func(source_uri=url, checksum=checksum, **store, archive=archive)
+    preprocess_dataset.python_func(archive=archive, **PREPROCESS_ARGS, **store, dataset=dataset)
     return archive, dataset
 
 
@@ -66,7 +63,12 @@ def test_download_component_needs_an_object_store(official_archive, tmp_path, mo
     archive = dsl.Artifact(uri=str(tmp_path / "archive"), metadata={})
     with pytest.raises(RuntimeError, match="needs an object store"):
         download_dataset.python_func(
-            source_uri=str(official_archive), checksum="", bucket="", storage_prefix="", archive=archive
+            source_uri=str(official_archive),
+            checksum="",
+            bucket="",
+            storage_prefix="",
+            minio_endpoint="",
+            archive=archive,
         )
 
 
@@ -77,17 +79,22 @@ def test_download_then_preprocess_under_kfp_local(store_env, official_archive, t
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
 
     @dsl.pipeline(name="data-steps")
-    def data_steps(source_uri: str, checksum: str):
-        download = download_dataset(source_uri=source_uri, checksum=checksum, bucket="", storage_prefix="")
+    def data_steps(source_uri: str, checksum: str, minio_endpoint: str):
+        store = {"bucket": "", "storage_prefix": "", "minio_endpoint": minio_endpoint}
+        download = download_dataset(source_uri=source_uri, checksum=checksum, **store)
         preprocess_dataset(
-            archive=download.outputs["archive"], **PREPROCESS_ARGS, bucket="", storage_prefix=""
+            archive=download.outputs["archive"], **PREPROCESS_ARGS, **store
         ).set_caching_options(False)
         download.set_caching_options(False)
 
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "kfp-root"))
     with LocalHTTPServer() as server:
         url = server.add_file("cifar-10-python.tar.gz", official_archive)
-        data_steps(source_uri=url, checksum=f"sha256:{file_digest(official_archive)}")
+        data_steps(
+            source_uri=url,
+            checksum=f"sha256:{file_digest(official_archive)}",
+            minio_endpoint=store_env.config.endpoint,
+        )
         assert server.fetches("cifar-10-python.tar.gz") == 1
     files = [p for p in (tmp_path / "kfp-root").rglob("dataset") if p.is_file()]
     assert len(files) == 1
@@ -114,5 +121,6 @@ def test_component_specs(tmp_path):
     inputs = yaml.safe_load((tmp_path / "preprocess-dataset.yaml").read_text())["root"]["inputDefinitions"]
     assert set(inputs["parameters"]) == {
         "val_fraction", "max_train_samples", "max_test_samples", "image_size", "seed", "bucket", "storage_prefix",
+        "minio_endpoint",
     }  # fmt: skip
     assert inputs["artifacts"]["archive"]["artifactType"]["schemaTitle"] == "system.Artifact"

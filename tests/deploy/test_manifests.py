@@ -21,8 +21,13 @@ SECRET_NAME = "mlpipeline-minio-artifact"
 CREDENTIAL_ENV = re.compile(r"(ACCESS_KEY|SECRET|PASSWORD|TOKEN|CREDENTIAL)", re.IGNORECASE)
 
 
+JOB_FILE = DEPLOY / "train-job" / "train-job.yaml"
+RBAC_FILE = DEPLOY / "rbac" / "rbac.yaml"
+SERVING_ACCOUNT_FILE = DEPLOY / "serving" / "service-account.yaml"
+
+
 def _manifest_files() -> list[Path]:
-    files = sorted(p for p in DEPLOY.glob("*.yaml") if p.name != "kustomization.yaml")
+    files = sorted(p for p in DEPLOY.rglob("*.yaml") if p.name != "kustomization.yaml")
     assert files, "deploy/ has no manifests"
     return files
 
@@ -36,12 +41,12 @@ def _all_documents() -> list[tuple[Path, dict]]:
 
 
 def _job() -> dict:
-    (job,) = [doc for doc in _documents(DEPLOY / "train-job.yaml") if doc["kind"] == "Job"]
+    (job,) = [doc for doc in _documents(JOB_FILE) if doc["kind"] == "Job"]
     return job
 
 
 def _job_config() -> dict[str, str]:
-    (config,) = [doc for doc in _documents(DEPLOY / "train-job.yaml") if doc["kind"] == "ConfigMap"]
+    (config,) = [doc for doc in _documents(JOB_FILE) if doc["kind"] == "ConfigMap"]
     return config["data"]
 
 
@@ -109,29 +114,75 @@ def _kustomize_command() -> list[str] | None:
     return None
 
 
-def test_kustomize_build_renders_the_manifests():
+def _kustomize(folder: Path) -> list[dict]:
     command = _kustomize_command()
     if command is None:
         pytest.skip(
             "neither kustomize nor kubectl (which embeds it) is installed; Debian has no kustomize package"
         )
-    result = subprocess.run([*command, str(DEPLOY)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([*command, str(folder)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    rendered = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
-    kinds = sorted((doc["kind"], doc["metadata"]["name"]) for doc in rendered)
-    assert kinds == [
-        ("ConfigMap", "cifar10-kfp-train"),
-        ("Job", "cifar10-kfp-train"),
-        ("Role", "cifar10-kfp-trainjobs"),
-        ("RoleBinding", "cifar10-kfp-trainjobs"),
-        ("ServiceAccount", "cifar10-kfp-train"),
-    ], "the example Secret must never be rendered: it would overwrite a real one with placeholders"
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+@pytest.mark.parametrize(("base", "expected"), [
+    ("rbac", [("Role", "cifar10-kfp-trainjobs"), ("RoleBinding", "cifar10-kfp-trainjobs")]),
+    ("train-job", [("ConfigMap", "cifar10-kfp-train"), ("Job", "cifar10-kfp-train"),
+                   ("ServiceAccount", "cifar10-kfp-train")]),
+    ("serving", [("ServiceAccount", "cifar10-kfp-serving")]),
+])  # fmt: skip
+def test_each_kustomize_base_renders_only_its_own_objects(base, expected):
+    """Applying the RBAC never starts the GPU Job; no example Secret is ever rendered (it would overwrite a
+    real one with placeholders)."""
     import kubernetes_validate
 
+    rendered = _kustomize(DEPLOY / base)
+    assert sorted((doc["kind"], doc["metadata"]["name"]) for doc in rendered) == expected
     for doc in rendered:
         assert doc["metadata"]["namespace"] == "kubeflow"
         assert doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "cifar10-kfp"
         kubernetes_validate.validate(doc, KUBERNETES_VERSIONS[-1], strict=True)
+    assert not (DEPLOY / "kustomization.yaml").exists(), (
+        "one kustomization for everything would start the Job"
+    )
+
+
+def _granted_service_accounts(binding: dict) -> set[str]:
+    """The identities a RoleBinding grants, resolved as the RBAC authorizer does: a ServiceAccount subject
+    without a namespace is in the binding's own (kubernetes pkg/registry/rbac/validation/rule.go,
+    appliesToUser)."""
+    namespace = binding["metadata"]["namespace"]
+    return {f"system:serviceaccount:{s.get('namespace') or namespace}:{s['name']}"
+            for s in binding["subjects"] if s["kind"] == "ServiceAccount"}  # fmt: skip
+
+
+def test_a_namespace_overlay_binds_that_namespaces_pipeline_runner():
+    standalone = {d["kind"]: d for d in _kustomize(DEPLOY / "rbac")}["RoleBinding"]
+    assert "system:serviceaccount:kubeflow:pipeline-runner" in _granted_service_accounts(standalone)
+    rendered = _kustomize(DEPLOY / "overlays" / "profile")
+    assert {doc["metadata"]["namespace"] for doc in rendered} == {"team-a"}
+    binding = {d["kind"]: d for d in rendered}["RoleBinding"]
+    granted = _granted_service_accounts(binding)
+    assert "system:serviceaccount:team-a:default-editor" in granted  # multi-user KFP's runner
+    assert not [g for g in granted if ":kubeflow:" in g], "an overlay must not grant anything in kubeflow"
+    assert ("ServiceAccount", "cifar10-kfp-serving") in {(d["kind"], d["metadata"]["name"]) for d in rendered}
+
+
+def test_the_serving_account_is_the_one_published_models_run_as_and_lists_an_annotated_s3_secret():
+    from cifar10_kfp.serving import DEFAULT_SERVICE_ACCOUNT
+    from cifar10_kfp_pipelines.policy import DEFAULT_MINIO_ENDPOINT
+
+    (account,) = _documents(SERVING_ACCOUNT_FILE)
+    assert account["metadata"]["name"] == DEFAULT_SERVICE_ACCOUNT
+    assert account["automountServiceAccountToken"] is False
+    (secret,) = _documents(DEPLOY / "serving" / "s3-secret.example.yaml")
+    assert [{"name": secret["metadata"]["name"]}] == account["secrets"]
+    # KServe's default key names and the annotations its storage initializer turns into S3_ENDPOINT etc.
+    assert set(secret["stringData"]) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+    annotations = secret["metadata"]["annotations"]
+    assert annotations["serving.kserve.io/s3-endpoint"] == DEFAULT_MINIO_ENDPOINT
+    assert annotations["serving.kserve.io/s3-usehttps"] == "0"
+    assert annotations["serving.kserve.io/s3-region"] == "us-east-1"
 
 
 # --- the Job ---
@@ -305,7 +356,9 @@ def test_every_pod_runs_with_the_restricted_pod_security_fields():
 
 
 def test_rbac_grants_trainjobs_and_nothing_else():
-    docs = {(doc["kind"], doc["metadata"]["name"]): doc for doc in _documents(DEPLOY / "rbac.yaml")}
+    docs = {
+        (doc["kind"], doc["metadata"]["name"]): doc for doc in _documents(RBAC_FILE) + _documents(JOB_FILE)
+    }
     assert not [k for k in docs if k[0] in ("ClusterRole", "ClusterRoleBinding")], (
         "namespaced permissions only"
     )
@@ -329,7 +382,9 @@ def test_rbac_grants_trainjobs_and_nothing_else():
         "kind": "Role",
         "name": "cifar10-kfp-trainjobs",
     }
-    assert [s["kind"] for s in binding["subjects"]] == ["ServiceAccount"]
+    assert [(s["kind"], s["name"]) for s in binding["subjects"]] == [
+        ("ServiceAccount", "pipeline-runner"), ("ServiceAccount", "default-editor")
+    ]  # fmt: skip
     # The Job's own identity needs no API access at all.
     job_pod = _job()["spec"]["template"]["spec"]
     account = docs[("ServiceAccount", job_pod["serviceAccountName"])]
@@ -339,7 +394,7 @@ def test_rbac_grants_trainjobs_and_nothing_else():
 
 
 def test_no_credentials_anywhere_in_deploy():
-    for path in sorted(DEPLOY.iterdir()):
+    for path in sorted(p for p in DEPLOY.rglob("*") if p.is_file()):
         text = path.read_text()
         assert not re.search(r"minio123|AKIA[0-9A-Z]{16}|BEGIN [A-Z ]*PRIVATE KEY", text), path.name
         for doc in yaml.safe_load_all(text) if path.suffix == ".yaml" else []:

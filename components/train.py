@@ -1,8 +1,9 @@
 """The ``train_model`` component: a thin adapter over ``cifar10_kfp.engine.train``.
 
 Checkpoints go to the object store under ``checkpoint_uri``; when that is empty the prefix is
-derived from the KFP run id and the config hash, so a retry of the same task (for example after
-a preempted GPU pod) finds the last checkpoint and continues instead of starting over.
+derived from the KFP run id and the config hash, so a retry of the same task finds the last
+checkpoint and continues instead of starting over. KFP retries a pod that failed or was
+OOM-killed, not one that was deleted (preemption, a drained or lost node): docs/pipelines.md, "Retries".
 """
 
 from kfp import dsl

@@ -90,4 +90,6 @@ def test_component_modules_import_only_stdlib_and_kfp_at_top_level(module):
     for node in ast.parse(source).body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             names = [node.module] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
-            assert all(n.split(".")[0] in ("typing", "kfp", "cifar10_kfp_components", "__future__") for n in names), names
+            assert all(
+                n.split(".")[0] in ("typing", "kfp", "cifar10_kfp_components", "__future__") for n in names
+            ), names

@@ -394,7 +394,11 @@ def test_builder_stage_builds_a_wheel_whose_dependencies_are_the_requirements(tm
         names = set(zf.namelist())
         metadata = zf.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
         entry_points = zf.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
-    assert {"cifar10_kfp_components/image.py", "cifar10_kfp_pipelines/cli.py", "cifar10_kfp/storage.py"} <= names
+    assert {
+        "cifar10_kfp_components/image.py",
+        "cifar10_kfp_pipelines/cli.py",
+        "cifar10_kfp/storage.py",
+    } <= names
     assert not any(n.startswith("tests/") for n in names)
     assert re.search(r"^cifar10-kfp\s*=\s*cifar10_kfp_pipelines\.cli:main$", entry_points, re.MULTILINE)
     requires = [

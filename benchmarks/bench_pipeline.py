@@ -96,12 +96,11 @@ def _library_steps(params: dict, workdir: Path) -> dict:
         return _Timer()
 
     with timed("imports"):
-        from cifar10_kfp.config import make_config
         from cifar10_kfp.data.download import fetch_dataset
         from cifar10_kfp.data.preprocess import prepare_to_file
         from cifar10_kfp.engine import default_checkpoint_uri, train
         from cifar10_kfp.evaluate import evaluate_model, write_outputs
-        from cifar10_kfp.params import validate_pipeline_params
+        from cifar10_kfp.params import train_config, training_settings, validate_pipeline_params
         from cifar10_kfp.publish import publish_model, run_gate
         from cifar10_kfp.storage import open_store
 
@@ -124,10 +123,7 @@ def _library_steps(params: dict, workdir: Path) -> dict:
             store=store,
         )
     with timed("train"):
-        overrides = {"seed": p["seed"]}  # as the train component builds it
-        if p["epochs"]:
-            overrides["epochs"] = p["epochs"]
-        config = make_config(p["preset"], overrides)
+        config = train_config(training_settings(p))  # the train components' mapping
         result = train(
             config,
             data_path,

@@ -73,12 +73,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from cifar10_kfp.config import parse_set_options
+    from cifar10_kfp_pipelines.commands.common import parse_key_values
 
     if not torch.cuda.is_available():
         print(json.dumps({"status": "skipped", "reason": "no CUDA device visible"}))
         return 0
-    overrides = parse_set_options(args.overrides)
+    overrides = parse_key_values(args.overrides, flag="--set")
     if args.compile:
         overrides["compile"] = "true"
     t0 = time.perf_counter()

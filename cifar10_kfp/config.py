@@ -12,13 +12,13 @@ giving its unit and why it has its default. Three presets fill it in:
 * ``cpu``: the same ideas sized for two CPU cores, for local runs and demos.
 
 ``make_config(preset, overrides)`` applies overrides by field name; strings from the command line
-(``--set key=value``) are parsed by the field's type. An unknown key is a ``ValueError`` naming it
-and listing the valid ones.
+(``cifar10-kfp train --set key=value``) are parsed by the field's type. An unknown key is a
+``ValueError`` naming it and listing the valid ones. The pipeline parameters that set a field
+carry the field's name (``cifar10_kfp.params``).
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import typing
@@ -268,74 +268,11 @@ def _follow_overrides(values: dict, overrides: dict) -> None:
         values.pop("widths", None)
 
 
-def parse_set_options(items: list[str] | None) -> dict[str, str]:
-    """``["lr=0.1", "flip=true"]`` -> ``{"lr": "0.1", "flip": "true"}`` (values parsed later by type)."""
-    out = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--set expects key=value, got {item!r}")
-        out[key.strip()] = value.strip()
-    return out
-
-
-def describe_fields() -> str:
-    """One line per field: name, type, seed default (for --help)."""
-    lines = []
-    defaults = TrainConfig()
-    for f in fields(TrainConfig):
-        kind = getattr(f.type, "__name__", str(f.type))
-        lines.append(f"{f.name} ({kind}, default {getattr(defaults, f.name)!r})")
-    return "; ".join(lines)
-
-
-# ----------------------------------------------------------------------- command line
-
-
-def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``train`` options, shared by ``cifar10-kfp train`` and ``python -m cifar10_kfp.engine``."""
-    parser.add_argument(
-        "--data", required=True, help="prepared dataset: dataset.safetensors path, its dir, or s3:// URI"
-    )
-    parser.add_argument(
-        "--preset", choices=PRESET_NAMES, default="seed", help="starting configuration (default seed)"
-    )
-    parser.add_argument(
-        "--model", dest="architecture", default=None, help="architecture name (overrides the preset)"
-    )
-    parser.add_argument("--epochs", type=int, default=None)
-    parser.add_argument("--batch-size", type=int, default=None, help="global batch, split across processes")
-    parser.add_argument("--lr", type=float, default=None, help="peak learning rate")
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--nproc", type=int, default=1, help="DDP processes in this pod (0 = one per GPU)")
-    parser.add_argument(
-        "--checkpoint-uri", default="", help="checkpoint prefix (s3:// or local dir); resumes if present"
-    )
-    parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="override any TrainConfig field, e.g. --set label_smoothing=0.1 --set widths=32,64,128",
-    )  # fmt: skip
-    parser.add_argument("--output-dir", required=True, help="where model/, history.json and metrics.json go")
-
-
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    overrides: dict = parse_set_options(args.overrides)
-    for name in ("architecture", "epochs", "batch_size", "lr", "seed"):
-        value = getattr(args, name)
-        if value is not None:
-            overrides[name] = value
-    return make_config(args.preset, overrides)
-
-
 __all__ = [
     "PRESETS",
     "PRESET_NAMES",
     "TrainConfig",
     "make_config",
-    "parse_set_options",
     "parse_value",
     "field_names",
-    "describe_fields",
-    "add_train_arguments",
-    "config_from_args",
 ]

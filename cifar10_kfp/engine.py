@@ -36,7 +36,7 @@ from torch import nn
 
 from cifar10_kfp.augment import Normalizer, TrainBatches
 from cifar10_kfp.checkpoint import CheckpointManager, capture_rng_state, check_compatible, restore_rng_state
-from cifar10_kfp.config import TrainConfig, add_train_arguments, config_from_args
+from cifar10_kfp.config import TrainConfig
 from cifar10_kfp.distributed import (
     Runtime,
     all_reduce_sum,
@@ -67,8 +67,11 @@ class TrainResult:
     output_dir: Path = field(default_factory=Path)
 
 
-def default_checkpoint_uri(run_id: str, config: TrainConfig) -> str:
-    """``<store root>/checkpoints/<run_id>/<config hash>``: a retry of the same run and config resumes."""
+def default_checkpoint_uri(run_id: str, config: TrainConfig, store=None) -> str:
+    """``<store root>/checkpoints/<run_id>/<config hash>``: a retry of the same run and config resumes.
+
+    The root is ``store``'s, else the one configured in the environment.
+    """
     from cifar10_kfp.storage import root_uri
 
     safe = re.sub(r"[^A-Za-z0-9._-]+", "-", str(run_id)).strip("-.")
@@ -76,7 +79,7 @@ def default_checkpoint_uri(run_id: str, config: TrainConfig) -> str:
         raise ValueError(
             f"run_id {run_id!r} is empty or has no usable characters; pass a run id or a checkpoint URI"
         )
-    return root_uri("checkpoints", safe, config.config_hash())
+    return (store.root_uri if store is not None else root_uri)("checkpoints", safe, config.config_hash())
 
 
 # ------------------------------------------------------------------------- pieces
@@ -586,22 +589,21 @@ def _warn_config_changes(saved: dict, config: TrainConfig) -> None:
 
 
 def get_args_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="Train an image classifier on a prepared dataset.")
-    add_train_arguments(parser)
+    """The internal worker entry torchrun starts (``--worker --config-json``); users run ``cifar10-kfp train``."""
+    parser = argparse.ArgumentParser(description="A training worker (internal; use `cifar10-kfp train`).")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--config-json", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--config-json", required=True, help="TrainConfig as a JSON file")
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--output-dir", required=True)
+    parser.add_argument("--checkpoint-uri", default="")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = get_args_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.config_json:
-        config = TrainConfig.from_dict(json.loads(Path(args.config_json).read_text()))
-    else:
-        config = config_from_args(args)
-    nproc = 1 if args.worker else args.nproc
-    result = train(config, args.data, args.output_dir, checkpoint_uri=args.checkpoint_uri, nproc=nproc)
+    config = TrainConfig.from_dict(json.loads(Path(args.config_json).read_text()))
+    result = train(config, args.data, args.output_dir, checkpoint_uri=args.checkpoint_uri, nproc=1)
     if not args.worker:
         print(json.dumps(result.metrics, indent=2, sort_keys=True))
     return 0

@@ -45,7 +45,7 @@ CARD_JSON = "model_card.json"  # written last: marks a complete version
 MANIFEST_FILE = "inference_service.yaml"
 LATEST = "latest"
 
-_MODEL_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")  # same rule as cifar10_kfp.params
+_MODEL_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")  # the one rule; params asks it too
 
 
 class PublishError(RuntimeError):

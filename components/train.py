@@ -1,9 +1,12 @@
 """The ``train_model`` component: a thin adapter over ``cifar10_kfp.engine.train``.
 
-Checkpoints go to the object store under ``checkpoint_uri``; when that is empty the prefix is
-derived from the KFP run id and the config hash, so a retry of the same task finds the last
-checkpoint and continues instead of starting over. KFP retries a pod that failed or was
-OOM-killed, not one that was deleted (preemption, a drained or lost node): docs/pipelines.md, "Retries".
+Checkpoints go to the object store under ``checkpoint_uri/<config hash>``; when that is empty the
+prefix is derived from the KFP run id and the config hash, so a retry of the same task finds the
+last checkpoint and continues instead of starting over, and two sweep trials never share one. KFP
+retries a pod that failed or was OOM-killed, not one that was deleted (preemption, a drained or
+lost node): docs/pipelines.md, "Retries". The training settings arrive as one dict and map to
+a ``TrainConfig`` through ``cifar10_kfp.params.train_config``, the same mapping as the multi-node
+step and the CLI.
 """
 
 from kfp import dsl
@@ -15,15 +18,8 @@ from cifar10_kfp_components.image import IMAGE
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
 def train_model(
     dataset: Input[Dataset],
-    preset: str,
-    architecture: str,
-    epochs: int,
-    batch_size: int,
-    learning_rate: float,
-    seed: int,
-    extra_hparams: str,
+    training: dict,
     num_gpus: int,
-    checkpoint_every: int,
     checkpoint_uri: str,
     run_id: str,
     bucket: str,
@@ -36,17 +32,9 @@ def train_model(
 
     Args:
         dataset: The prepared dataset (``dataset.path`` is the safetensors file).
-        preset: Training preset: ``seed``, ``fast`` or ``cpu``.
-        architecture: Model registry name; empty for the preset's.
-        epochs: Epochs; 0 for the preset's.
-        batch_size: Global batch size, split across GPUs; 0 for the preset's.
-        learning_rate: Peak learning rate; 0 for the preset's.
-        seed: Random seed (data order, augmentation, initialisation).
-        extra_hparams: JSON object of further ``TrainConfig`` overrides, e.g. ``{"label_smoothing": 0.1}``;
-            empty for none. Unknown keys fail the step with the list of valid ones.
+        training: Validated training settings (cifar10_kfp.params.TRAINING_KEYS): validate's output or a trial.
         num_gpus: DDP processes in this pod (one per GPU); 0 or 1 for a single process.
-        checkpoint_every: Checkpoint interval in epochs; 0 for the preset's.
-        checkpoint_uri: Checkpoint prefix (``s3://...``); empty to derive it from ``run_id``.
+        checkpoint_uri: Checkpoint prefix (``s3://...``), the config hash appended; empty derives it from run_id.
         run_id: The KFP run id (``{{$.pipeline_job_uuid}}``), used for the default checkpoint prefix.
         bucket: Object-store bucket; empty for the configured one.
         storage_prefix: Key prefix in the bucket; empty for the configured one.
@@ -54,38 +42,19 @@ def train_model(
         metrics: Output training metrics.
         history: Output per-epoch history (JSON list).
     """
-    import json
     import os
     import shutil
     import tempfile
 
-    from cifar10_kfp.config import make_config
-    from cifar10_kfp.engine import default_checkpoint_uri, train
+    from cifar10_kfp.engine import train
+    from cifar10_kfp.params import checkpoint_prefix, train_config
     from cifar10_kfp.process import freeze_heap_before_exit
     from cifar10_kfp.run_records import report_failures
+    from cifar10_kfp.storage import open_store
 
     report_failures(bucket, storage_prefix)
-    overrides = json.loads(extra_hparams) if extra_hparams.strip() else {}
-    if not isinstance(overrides, dict):
-        raise ValueError(f"extra_hparams must be a JSON object, got {extra_hparams!r}")
-    for key, value in (
-        ("architecture", architecture),
-        ("epochs", epochs),
-        ("batch_size", batch_size),
-        ("lr", learning_rate),
-        ("checkpoint_every", checkpoint_every),
-    ):
-        if value:  # "" / 0 mean the preset's value
-            overrides[key] = value
-    overrides["seed"] = seed
-    config = make_config(preset, overrides)
-
-    if bucket:
-        os.environ["CIFAR10_KFP_BUCKET"] = bucket
-    if storage_prefix:
-        os.environ["CIFAR10_KFP_PREFIX"] = storage_prefix
-    if not checkpoint_uri:
-        checkpoint_uri = default_checkpoint_uri(run_id, config)
+    config = train_config(training)
+    checkpoint_uri = checkpoint_prefix(checkpoint_uri, run_id, config, open_store(bucket, storage_prefix))
 
     with tempfile.TemporaryDirectory(prefix="train-model-") as work:
         result = train(config, dataset.path, work, checkpoint_uri=checkpoint_uri, nproc=max(1, num_gpus))

@@ -2,3 +2,7 @@
 
 ``format`` defines the prepared-dataset file that every later step reads.
 """
+
+# The official CIFAR-10 archive (python batches) and its published md5: the default dataset.
+CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+CIFAR10_CHECKSUM = "md5:c58f30108f718f92721af3b95e74349a"

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse, urlunparse
 
+from cifar10_kfp.data import CIFAR10_CHECKSUM, CIFAR10_URL
 from cifar10_kfp.data.archives import ArchiveLimits, scan_archive
 from cifar10_kfp.data.layout import IMAGE_FOLDER, detect_layout, index_image_folder
 from cifar10_kfp.storage import (
@@ -39,8 +40,7 @@ from cifar10_kfp.storage import (
 
 log = logging.getLogger(__name__)
 
-DEFAULT_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
-DEFAULT_CHECKSUM = "md5:c58f30108f718f92721af3b95e74349a"
+DEFAULT_URL, DEFAULT_CHECKSUM = CIFAR10_URL, CIFAR10_CHECKSUM
 # Checksums we know for well-known URLs, applied when the caller gives none.
 KNOWN_CHECKSUMS = {DEFAULT_URL: DEFAULT_CHECKSUM}
 _HEX_LENGTHS = {"md5": 32, "sha256": 64}

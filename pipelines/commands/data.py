@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import argparse
 
+from cifar10_kfp.data import CIFAR10_URL  # light: a constant, no torch
+
 HELP = (
     "download, verify and preprocess a dataset (official CIFAR-10 or an image-folder archive) into one file"
-)
-
-DEFAULT_SOURCE = (
-    "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"  # = cifar10_kfp.data.download.DEFAULT_URL
 )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--source",
-        default=DEFAULT_SOURCE,
+        default=CIFAR10_URL,
         metavar="URI",
         help="https://, s3://, minio://, file:// URI or path of the archive (default: the official CIFAR-10 URL)",
     )

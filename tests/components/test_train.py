@@ -1,5 +1,4 @@
-"""The train_model component through .python_func with real KFP artifacts and the embedded object store;
-the ``cifar10-kfp train`` command line."""
+"""The train_model component through .python_func with real KFP artifacts and the embedded object store."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ from cifar10_kfp.config import make_config
 from cifar10_kfp.engine import default_checkpoint_uri
 from cifar10_kfp.models import load_model
 from cifar10_kfp_components.train import train_model
-from cifar10_kfp_pipelines.cli import main as cli_main
 
 
 def _artifacts(tmp_path, dataset_path):
@@ -27,14 +25,14 @@ def _artifacts(tmp_path, dataset_path):
     return dataset, outputs
 
 
-def _params(**kw):
-    params = dict(
-        preset="seed", architecture="", epochs=2, batch_size=0, learning_rate=0.0, seed=0,
-        extra_hparams='{"label_smoothing": 0.05}', num_gpus=0, checkpoint_every=0, checkpoint_uri="",
-        run_id="run-abc", bucket="", storage_prefix="",
+def _params(checkpoint_uri="", **training):
+    settings = dict(
+        preset="seed", architecture="", epochs=2, batch_size=0, lr=0.0, seed=0,
+        extra_hparams='{"label_smoothing": 0.05}', checkpoint_every=0,
     )  # fmt: skip
-    params.update(kw)
-    return params
+    settings.update(training)
+    return dict(training=settings, num_gpus=0, checkpoint_uri=checkpoint_uri, run_id="run-abc", bucket="",
+                storage_prefix="")  # fmt: skip
 
 
 def test_component_trains_checkpoints_to_the_store_and_a_retry_resumes(
@@ -72,31 +70,39 @@ def test_component_rejects_unknown_extra_hparams(store_env, tiny_dataset_path, t
         train_model.python_func(dataset=dataset, **_params(extra_hparams="[1]"), **out)
 
 
-def test_cli_train_seconds_long_cpu_mode(tiny_dataset_path, tmp_path, capsys):
-    code = cli_main(
-        ["train", "--data", str(tiny_dataset_path), "--preset", "seed", "--epochs", "1", "--batch-size", "32",
-         "--set", "label_smoothing=0.1", "--output-dir", str(tmp_path / "o"), "--checkpoint-uri", str(tmp_path / "ck")]
-    )  # fmt: skip
-    assert code == 0
-    metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())
-    assert metrics["epochs"] == 1 and metrics["steps"] == 256 // 32
-    stdout = capsys.readouterr().out
-    assert "1/1" in stdout  # the per-epoch progress line
-    assert json.loads(stdout[stdout.index("\n{") + 1 :]) == metrics  # metrics.json echoed for scripts
-    assert (tmp_path / "ck" / "latest.json").is_file()
-
-
-def test_cli_unknown_set_key_is_a_clear_error(tiny_dataset_path, tmp_path, capsys):
-    code = cli_main(
-        [
-            "train",
-            "--data",
-            str(tiny_dataset_path),
-            "--output-dir",
-            str(tmp_path / "o"),
-            "--set",
-            "lr_warmup=3",
-        ]
+def test_trials_sharing_an_explicit_checkpoint_uri_never_resume_from_each_other(
+    store_env, tiny_dataset_path, tmp_path
+):
+    """#13: sweep trials get the same checkpoint_uri; each checkpoints under its own config hash."""
+    store_env.ensure_bucket()
+    shared = store_env.root_uri("my-checkpoints")
+    seen = {}
+    for lr in (0.01, 0.02):
+        dataset, out = _artifacts(tmp_path / f"lr{lr}", tiny_dataset_path)
+        train_model.python_func(dataset=dataset, **_params(checkpoint_uri=shared, epochs=1, lr=lr), **out)
+        config = make_config("seed", {"epochs": 1, "lr": lr, "label_smoothing": 0.05, "seed": 0})
+        assert out["model"].metadata["checkpoint_uri"] == f"{shared}/{config.config_hash()}"
+        assert out["metrics"].metadata["resumed_from_epoch"] == 0  # the other trial's checkpoint is not taken
+        seen[lr] = out["model"].metadata["checkpoint_uri"]
+    assert seen[0.01] != seen[0.02]
+    dataset, again = _artifacts(tmp_path / "retry", tiny_dataset_path)
+    train_model.python_func(
+        dataset=dataset, **_params(checkpoint_uri=shared + "/", epochs=1, lr=0.02), **again
     )
-    assert code == 2
-    assert "unknown training config key(s) ['lr_warmup']" in capsys.readouterr().err
+    assert again["metrics"].metadata["resumed_from_epoch"] == 1  # a retry of a trial resumes its own
+
+
+def test_the_runs_storage_prefix_is_passed_to_the_store_not_through_the_environment(
+    store_env, tiny_dataset_path, tmp_path
+):
+    import os
+
+    store_env.ensure_bucket()
+    prefix = f"{store_env.config.prefix.strip('/')}-team/"
+    before = {k: os.environ.get(k) for k in ("CIFAR10_KFP_BUCKET", "CIFAR10_KFP_PREFIX")}
+    dataset, out = _artifacts(tmp_path, tiny_dataset_path)
+    params = _params(epochs=1) | {"storage_prefix": prefix}
+    train_model.python_func(dataset=dataset, **params, **out)
+    expected_root = f"s3://{store_env.config.bucket}/{prefix}checkpoints/run-abc/"
+    assert out["model"].metadata["checkpoint_uri"].startswith(expected_root)
+    assert {k: os.environ.get(k) for k in before} == before  # the task's environment is left alone

@@ -449,7 +449,7 @@ def test_job_steps_run_in_order_and_a_retried_pod_resumes(
     volumes = {"/data": tmp_path / "data", "/outputs": tmp_path / "outputs"}
     job_uid = "5d6c0f2e-test"
     store_settings = {k: v for k, v in os.environ.items() if k.startswith(("MINIO_", "CIFAR10_KFP_"))}
-    laptop = {"train": ["--preset=seed", "--model=simple_cnn", "--epochs=1", "--batch-size=32"]}
+    laptop = {"train": ["--preset=seed", "--architecture=simple_cnn", "--epochs=1", "--batch-size=32"]}
 
     def run_step(name: str) -> dict:
         container = _step(_job(), name)

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
 from cifar10_kfp.config import (
     PRESETS,
     TrainConfig,
-    add_train_arguments,
-    config_from_args,
     field_names,
     make_config,
-    parse_set_options,
 )
 
 
@@ -93,18 +88,5 @@ def test_config_hash_ignores_runtime_fields_only():
     assert len(base.config_hash()) == 12
 
 
-def test_set_options_and_cli_flags():
-    assert parse_set_options(["lr=0.1", "flip = true"]) == {"lr": "0.1", "flip": "true"}
-    with pytest.raises(ValueError, match="key=value"):
-        parse_set_options(["lr"])
-    parser = argparse.ArgumentParser()
-    add_train_arguments(parser)
-    args = parser.parse_args(
-        ["--data", "d", "--output-dir", "o", "--preset", "cpu", "--epochs", "2", "--model", "simple_cnn",
-         "--set", "widths=", "--set", "label_smoothing=0.05", "--lr", "0.2", "--seed", "7"]
-    )  # fmt: skip
-    config = config_from_args(args)
-    assert (config.epochs, config.architecture, config.label_smoothing, config.lr, config.seed) == (
-        2, "simple_cnn", 0.05, 0.2, 7,
-    )  # fmt: skip
+def test_field_names():
     assert set(field_names()) >= {"checkpoint_every", "keep_checkpoints", "ema_decay"}

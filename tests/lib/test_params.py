@@ -30,18 +30,22 @@ def test_defaults_are_valid_and_complete():
     [
         ("epochs", -1, "epochs=-1 is out of range: use 0 (the preset's default) or 1..10000"),
         ("epochs", 10_001, "epochs=10001 is out of range"),
-        ("val_fraction", 0.9, "val_fraction=0.9 is out of range: use [0, 0.5]"),
+        ("val_fraction", 0.9, "val_fraction=0.9 is out of range: use a value in [0, 0.5]"),
         (
-            "learning_rate",
+            "lr",
             -0.1,
-            "learning_rate=-0.1 is out of range: use 0 (the preset's default) or a value in (0, 10]",
+            "lr=-0.1 is out of range: use 0 (the preset's default) or a value in (0, 10]",
         ),
         ("num_gpus", 17, "num_gpus=17 is out of range: use 0..16"),
         ("num_nodes", 0, "num_nodes=0 is out of range: use 1..64"),
-        ("min_accuracy", 1.5, "min_accuracy=1.5 is out of range: use [0, 1]"),
+        ("min_accuracy", 1.5, "min_accuracy=1.5 is out of range: use a value in [0, 1]"),
         ("image_size", 4, "image_size=4 is out of range: use 8..512"),
         ("preset", "turbo", "preset='turbo' is out of range: use one of seed, fast, cpu"),
-        ("model", "vgg99", "model='vgg99' is out of range: use '' (the preset's model) or one of"),
+        (
+            "architecture",
+            "vgg99",
+            "architecture='vgg99' is out of range: use '' (the preset's default) or one of fast_resnet, simple_cnn",
+        ),
         (
             "dataset_uri",
             "ftp://x/y.tgz",
@@ -66,12 +70,12 @@ def test_bad_values_name_the_parameter_and_the_allowed_range(name, value, expect
 
 
 def test_types_are_checked_and_command_line_strings_converted():
-    assert validate_pipeline_params({"epochs": "3", "learning_rate": "0.5"})["epochs"] == 3
+    assert validate_pipeline_params({"epochs": "3", "lr": "0.5"})["epochs"] == 3
     for bad in (
         {"epochs": True},
         {"epochs": 2.5},
         {"epochs": "two"},
-        {"learning_rate": "nan"},
+        {"lr": "nan"},
         {"preset": 1},
     ):
         with pytest.raises(ValueError, match=next(iter(bad))):
@@ -86,7 +90,7 @@ def test_training_settings_are_checked_as_the_train_step_will_build_them():
     with pytest.raises(ValueError, match=r"momentum=1.5 must be in \[0, 1\)"):
         validate_pipeline_params({"extra_hparams": '{"momentum": 1.5}'})
     validate_pipeline_params(
-        {"preset": "cpu", "model": "simple_cnn", "epochs": 1}
+        {"preset": "cpu", "architecture": "simple_cnn", "epochs": 1}
     )  # a documented-valid combination
     values = validate_pipeline_params(
         {"extra_hparams": ' {"weight_decay": 0.001} ', "dataset_checksum": "sha256:" + "AB" * 32}
@@ -95,10 +99,10 @@ def test_training_settings_are_checked_as_the_train_step_will_build_them():
 
 
 def test_sweep_trials_are_expanded_and_checked():
-    values = validate_pipeline_params({"hparam_sets": '[{"learning_rate": 0.1}, {"epochs": 2, "extra_hparams": {"flip": true}}]',
+    values = validate_pipeline_params({"hparam_sets": '[{"lr": 0.1}, {"epochs": 2, "extra_hparams": {"flip": true}}]',
                                        "epochs": 5}, "sweep")  # fmt: skip
     trials = json.loads(values["hparam_sets"])
-    assert [t["epochs"] for t in trials] == [5, 2] and trials[0]["learning_rate"] == 0.1
+    assert [t["epochs"] for t in trials] == [5, 2] and trials[0]["lr"] == 0.1
     assert json.loads(trials[1]["extra_hparams"]) == {"flip": True}
     cases = {
         '[{"num_gpus": 2}]': "hparam_sets[0].num_gpus is not a trial setting",
@@ -131,3 +135,63 @@ def test_pipeline_signatures_match_the_rules(module, attr, specs):
         param = signature.parameters[spec.name]
         assert param.annotation is spec.kind and param.default == spec.default, spec.name
         assert f"{spec.name}: {spec.description}" in doc, spec.name
+
+
+def test_each_knob_has_its_train_config_fields_name():
+    """One name per knob: the pipeline parameter, the TrainConfig field and the CLI flag."""
+    from cifar10_kfp.config import field_names
+    from cifar10_kfp.params import CONFIG_KNOBS, TRAINING_KEYS
+
+    assert {p.name for p in CONFIG_KNOBS} <= set(field_names())
+    assert set(TRAINING_KEYS) == {p.name for p in CONFIG_KNOBS} | {"preset", "extra_hparams"}
+    assert {"model", "learning_rate"}.isdisjoint(p.name for p in SWEEP_PARAMS + TRAINING_PARAMS)
+
+
+def test_one_mapping_from_training_settings_to_the_config():
+    from cifar10_kfp.config import make_config
+    from cifar10_kfp.params import train_config, training_overrides
+
+    settings = {"preset": "cpu", "architecture": "", "epochs": 3, "batch_size": 0, "lr": 0.0, "seed": 0,
+                "extra_hparams": '{"lr": 0.3, "epochs": 9}', "checkpoint_every": 0}  # fmt: skip
+    # extra_hparams first, then each knob that is set; ''/0 keep the preset's value, seed 0 is a seed
+    assert training_overrides(settings) == {"lr": 0.3, "epochs": 3, "seed": 0}
+    assert train_config(settings).to_dict() == make_config("cpu", {"lr": 0.3, "epochs": 3}).to_dict()
+    assert training_overrides({"preset": "seed", "extra_hparams": {"seed": 4}}) == {"seed": 4}
+    with pytest.raises(ValueError, match="extra_hparams must be a JSON object"):
+        training_overrides({"preset": "seed", "extra_hparams": "[1]"})
+
+
+def test_batch_size_is_global_in_the_ui_text():
+    [batch] = [p for p in TRAINING_PARAMS if p.name == "batch_size"]
+    assert "GLOBAL" in batch.description and "per process" not in batch.description
+
+
+def test_checkpoint_prefix_always_carries_the_config_hash():
+    from cifar10_kfp.config import make_config
+    from cifar10_kfp.params import checkpoint_prefix
+
+    a, b = make_config("seed", {"lr": 0.1}), make_config("seed", {"lr": 0.2})
+    assert checkpoint_prefix("s3://b/ck/", "run", a) == f"s3://b/ck/{a.config_hash()}"
+    assert checkpoint_prefix("s3://b/ck", "run", a) != checkpoint_prefix("s3://b/ck", "run", b)
+    assert checkpoint_prefix("", "run-1", a).endswith(f"/checkpoints/run-1/{a.config_hash()}")
+
+
+def test_the_parameter_table_imports_nothing_heavy():
+    """Components and pipelines import cifar10_kfp.params at module level: it must stay stdlib-only."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, cifar10_kfp.params; print(sorted({'torch', 'numpy', 'kfp', 'minio'} & set(sys.modules)))"
+    )
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+        == "[]\n"
+    )
+
+
+def test_one_cifar10_url():
+    from cifar10_kfp.data import CIFAR10_URL
+    from cifar10_kfp.data.download import DEFAULT_URL
+
+    assert defaults()["dataset_uri"] == CIFAR10_URL == DEFAULT_URL

@@ -252,9 +252,10 @@ def test_train_on_trainer_component_trains_on_two_nodes(store_env, tmp_path, mon
         monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
         out = tmp_path / "out"
         train_on_trainer.python_func(
-            dataset=dsl.Dataset(uri=data_uri), preset="seed", architecture="simple_cnn", epochs=1, batch_size=16,
-            learning_rate=0.0, seed=0, extra_hparams='{"device": "cpu"}', num_gpus=0, num_nodes=2,
-            checkpoint_every=0, checkpoint_uri="", run_id="run-42", bucket="", storage_prefix="",
+            dataset=dsl.Dataset(uri=data_uri),
+            training={"preset": "seed", "architecture": "simple_cnn", "epochs": 1, "batch_size": 16, "lr": 0.0,
+                      "seed": 0, "extra_hparams": '{"device": "cpu"}', "checkpoint_every": 0},
+            num_gpus=0, num_nodes=2, checkpoint_uri="", run_id="run-42", bucket="", storage_prefix="",
             image="registry.example/cifar10-kfp:test", minio_endpoint="ignored:9000", minio_secure=False,
             model=dsl.Model(uri=str(out / "model")), metrics=dsl.Metrics(uri=str(out / "metrics")),
             history=dsl.Artifact(uri=str(out / "history")),

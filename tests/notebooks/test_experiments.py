@@ -63,7 +63,7 @@ def test_parameters_cell_holds_only_literal_assignments():
         assert isinstance(node, ast.Assign) and len(node.targets) == 1, ast.unparse(node)
         ast.literal_eval(node.value)  # papermill replaces values with literals; defaults must be literals too
         names.append(node.targets[0].id)
-    expected = {"DATASET_URI", "PRESET", "MODEL", "EPOCHS", "RUNS", "MODEL_NAME", "MIN_ACCURACY", "KFP_HOST"}
+    expected = {"DATASET_URI", "PRESET", "ARCHITECTURE", "EPOCHS", "RUNS", "MODEL_NAME", "MIN_ACCURACY", "KFP_HOST"}
     assert expected <= set(names)
     values = {n.targets[0].id: ast.literal_eval(n.value) for n in tree.body}
     assert len(values["RUNS"]) >= 2, "the notebook compares several runs"
@@ -79,9 +79,9 @@ def test_notebook_parameters_are_valid_pipeline_parameters():
     for overrides in p["RUNS"]:
         validate_pipeline_params(
             {
-                "dataset_uri": p["DATASET_URI"],
+                **({"dataset_uri": p["DATASET_URI"]} if p["DATASET_URI"] else {}),
                 "preset": p["PRESET"],
-                "model": p["MODEL"],
+                "architecture": p["ARCHITECTURE"],
                 "epochs": p["EPOCHS"],
                 "max_train_samples": p["MAX_TRAIN_SAMPLES"],
                 "max_test_samples": p["MAX_TEST_SAMPLES"],
@@ -174,11 +174,11 @@ def test_the_project_calls_in_the_notebook_match_their_signatures():
 
 TINY = {
     "PRESET": "seed",
-    "MODEL": "simple_cnn",
+    "ARCHITECTURE": "simple_cnn",
     "EPOCHS": 1,
     "MAX_TRAIN_SAMPLES": 0,
     "MAX_TEST_SAMPLES": 0,
-    "RUNS": [{"learning_rate": 0.01, "seed": 0}, {"learning_rate": 0.05, "seed": 1}],
+    "RUNS": [{"lr": 0.01, "seed": 0}, {"lr": 0.05, "seed": 1}],
     "MIN_ACCURACY": 0.0,
     "MODEL_NAME": "nb-test",
     "N_EXAMPLES": 6,
@@ -245,7 +245,7 @@ def test_notebook_runs_end_to_end_on_the_embedded_store(real_archive, tmp_path, 
     assert result["mode"] == "local"
     assert result["statuses"] == ["SUCCEEDED", "SUCCEEDED"], result["errors"]
     runs = result["runs"]
-    assert len(runs["run"]) == 2 and runs["learning_rate"] == [0.01, 0.05]
+    assert len(runs["run"]) == 2 and runs["lr"] == [0.01, 0.05]
     for accuracy in runs["test_accuracy"]:
         assert 0.0 <= accuracy <= 1.0
     assert list(result["history_epochs"].values()) == [[1], [1]]

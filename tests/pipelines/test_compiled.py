@@ -199,6 +199,40 @@ def test_parameters_have_types_defaults_and_descriptions(which, params, training
         assert " ".join(inputs[p.name]["description"].split()) == p.description
 
 
+@pytest.mark.parametrize(("which", "params"), [("training", TRAINING_PARAMS), ("sweep", SWEEP_PARAMS)])
+def test_validate_takes_every_parameter_and_ships_the_generated_source(which, params, training, sweep):
+    """The generated validate component: its inputs are the pipeline's, and the program in the YAML defines them."""
+    spec, _ = {"training": training, "sweep": sweep}[which]
+    task_name = f"validate-{which}-params"
+    body = _dags(spec)["comp-exit-handler-1"]
+    inputs = body[task_name]["inputs"]["parameters"]
+    assert {name: arg["componentInputParameter"] for name, arg in inputs.items()} == {
+        p.name: f"pipelinechannel--{p.name}" for p in params
+    }
+    component = spec["components"][body[task_name]["componentRef"]["name"]]
+    assert list(component["inputDefinitions"]["parameters"]) == sorted(p.name for p in params)
+    program = _executor(spec, task_name)["command"][-1]
+    signature = "".join(f"    {p.name}: {p.kind.__name__},\n" for p in params)
+    assert f"def validate_{which}_params(\n{signature}) -> NamedTuple(" in program
+    module = __import__(f"cifar10_kfp_pipelines.{which}", fromlist=["SUMMARY"])
+    assert spec["pipelineInfo"] == {"name": f"cifar10-{which}", "description": module.SUMMARY}
+
+
+def test_train_steps_take_the_validated_training_settings(training, sweep):
+    """Both train components get one settings dict: validate's output, or the sweep's loop item."""
+    spec, _ = training
+    for task_name in ("train-model", "train-on-trainer"):
+        arg = _tasks(spec)[task_name]["inputs"]["parameters"]["training"]
+        assert arg == {"componentInputParameter": "pipelinechannel--validate-training-params-training"}
+    for inputs in (spec["components"]["comp-train-model"], spec["components"]["comp-train-on-trainer"]):
+        params = inputs["inputDefinitions"]["parameters"]
+        assert params["training"]["parameterType"] == "STRUCT"
+        assert not {"preset", "epochs", "lr", "architecture", "learning_rate", "model"} & set(params)
+    sweep_spec, _ = sweep
+    arg = _tasks(sweep_spec)["train-model"]["inputs"]["parameters"]["training"]
+    assert arg == {"componentInputParameter": "pipelinechannel--validate-sweep-params-trials-loop-item"}
+
+
 def test_sweep_fans_out_collects_and_gates(sweep):
     spec, platform = sweep
     body = _dags(spec)["comp-exit-handler-1"]

@@ -19,7 +19,7 @@ from tests.support.paths import ROOT
 
 FAST = {
     "preset": "seed",
-    "model": "simple_cnn",
+    "architecture": "simple_cnn",
     "epochs": "1",
     "image_size": "32",
     "num_gpus": "0",
@@ -73,7 +73,7 @@ def test_sweep_pipeline_end_to_end(real_archive, store_env: ObjectStore, tmp_pat
     archive = make_real_subset_archive(
         real_archive, tmp_path / "small.tar.gz", train_per_class=10, test_per_class=5
     )
-    trials = [{"learning_rate": 0.01}, {"learning_rate": 0.05, "seed": 1}]
+    trials = [{"lr": 0.01}, {"lr": 0.05, "seed": 1}]
     params = {k: v for k, v in FAST.items()} | {"dataset_uri": str(archive), "hparam_sets": json.dumps(trials),
                                                 "model_name": "e2e-sweep", "parallelism": 2}  # fmt: skip
     summary = run_local("sweep", params, output_root=tmp_path / "runs")
@@ -86,7 +86,7 @@ def test_sweep_pipeline_end_to_end(real_archive, store_env: ObjectStore, tmp_pat
         == pytest.approx(max(accuracies))
         == pytest.approx(accuracies[best])
     )
-    assert summary["best_trial"]["learning_rate"] == trials[best]["learning_rate"]
+    assert summary["best_trial"]["lr"] == trials[best]["lr"]
     assert summary["parameters"]["parallelism"] == 2
     assert summary["published"]["uri"].startswith(store_env.root_uri("models", "e2e-sweep"))
     iterations = sorted(p.parent.name for p in (tmp_path / "runs").rglob("for-loop-*/train-model"))

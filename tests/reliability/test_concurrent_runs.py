@@ -38,7 +38,7 @@ def _run_local_argv(
         "dataset_uri": str(archive),
         "dataset_checksum": digest,
         "preset": "seed",
-        "model": "simple_cnn",
+        "architecture": "simple_cnn",
         "epochs": EPOCHS,
         "num_gpus": 0,
         "min_accuracy": 0.0,

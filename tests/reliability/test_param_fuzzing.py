@@ -91,13 +91,13 @@ INVALID = {
     "preset": st.one_of(
         st.text(max_size=12).filter(lambda s: s not in ("seed", "fast", "cpu")), not_a_string
     ),
-    "model": st.one_of(
+    "architecture": st.one_of(
         st.text(min_size=1, max_size=12).filter(lambda s: s not in ("simple_cnn", "fast_resnet")),
         not_a_string,
     ),
     "epochs": int_outside(1, 10_000, zero_ok=True),
     "batch_size": int_outside(1, 65_536, zero_ok=True),
-    "learning_rate": float_outside(0.0, 10.0, lo_open=True),
+    "lr": float_outside(0.0, 10.0, lo_open=True),
     "seed": int_outside(0, 2**31 - 1),
     "extra_hparams": st.one_of(
         st.sampled_from(
@@ -144,10 +144,10 @@ VALID = {
     "max_test_samples": st.integers(0, 10_000_000),
     "image_size": st.integers(8, 512),
     "preset": st.sampled_from(["seed", "fast", "cpu"]),
-    "model": st.sampled_from(["", "simple_cnn", "fast_resnet"]),
+    "architecture": st.sampled_from(["", "simple_cnn", "fast_resnet"]),
     "epochs": st.integers(0, 10_000),
     "batch_size": st.integers(0, 65_536),
-    "learning_rate": st.one_of(st.just(0.0), st.floats(0.0, 10.0, exclude_min=True)),
+    "lr": st.one_of(st.just(0.0), st.floats(0.0, 10.0, exclude_min=True)),
     "seed": st.integers(0, 2**31 - 1),
     "extra_hparams": st.one_of(
         st.just(""),

@@ -34,7 +34,7 @@ def _task_caching(spec: dict) -> dict[str, bool]:
 
 def test_submit_creates_experiment_and_run_with_typed_params_and_prints_url(kfp_server, capsys):
     rc = main(["submit", "--host", kfp_server.url, "--experiment", "nightly", "--param", "epochs=3",
-               "--param", "learning_rate=0.2", "--param", "preset=seed"])  # fmt: skip
+               "--param", "lr=0.2", "--param", "preset=seed"])  # fmt: skip
     assert rc == 0
     [create_exp] = kfp_server.requests("POST", "/experiments")
     assert create_exp.body["display_name"] == "nightly"
@@ -44,7 +44,7 @@ def test_submit_creates_experiment_and_run_with_typed_params_and_prints_url(kfp_
         body["experiment_id"]
         == kfp_server.state.experiments[next(iter(kfp_server.state.experiments))]["experiment_id"]
     )
-    assert body["runtime_config"]["parameters"] == {"epochs": 3, "learning_rate": 0.2, "preset": "seed"}
+    assert body["runtime_config"]["parameters"] == {"epochs": 3, "lr": 0.2, "preset": "seed"}
     spec = _pipeline_spec(body)
     assert spec["pipelineInfo"]["name"] == "cifar10-training"
     secrets = json.dumps(body["pipeline_spec"]["platform_spec"])

@@ -112,9 +112,7 @@ def test_training_and_sweep_outputs_name_every_artifact():
     }
     assert record["artifacts"]["dataset_archive"] == "s3://b/p/datasets/sha256/ab/c.tar.gz"
     assert record["artifacts"]["checkpoints"] == "s3://b/p/ckpt/" and record["parameters"] == {"epochs": 2}
-    best = _artifact(
-        "s3://kfp/best", trial_index=1, trial='{"lr": 0.1}', sweep_accuracies=[0.5, 0.6]
-    )
+    best = _artifact("s3://kfp/best", trial_index=1, trial='{"lr": 0.1}', sweep_accuracies=[0.5, 0.6])
     sweep = sweep_outputs(pipeline="cifar10-sweep", run_id="r2", params_json="{}", best_accuracy=0.6,
                           archive=archive, dataset=dataset, best_model=best)  # fmt: skip
     assert sweep["metrics"] == {"test_accuracy": 0.6, "best_trial": 1, "trial_accuracies": [0.5, 0.6]}

@@ -33,8 +33,8 @@ def realistic_training_state(preset: str = "fast"):
 
     from cifar10_kfp.checkpoint import capture_rng_state
     from cifar10_kfp.config import make_config
-    from cifar10_kfp.engine import ModelEMA
     from cifar10_kfp.models import build_model
+    from cifar10_kfp.training_state import ModelEMA
 
     config = make_config(preset, {})
     torch.manual_seed(0)

@@ -115,12 +115,13 @@ def loop_overhead(preset: str, data_path: Path, *, steps: int = 40, repeats: int
     import torch
     import torch.nn.functional as F
 
-    from cifar10_kfp.augment import Normalizer
+    from cifar10_kfp.augment import Normalizer, training_batches
     from cifar10_kfp.config import make_config
     from cifar10_kfp.data.format import load_prepared
     from cifar10_kfp.distributed import Runtime
-    from cifar10_kfp.engine import LinearSchedule, ModelEMA, train_one_epoch, training_batches
+    from cifar10_kfp.engine import train_one_epoch
     from cifar10_kfp.models import build_model
+    from cifar10_kfp.training_state import EpochSums, LinearSchedule, ModelEMA, TrainingState
 
     config = make_config(preset, {"epochs": 1})
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -140,6 +141,7 @@ def loop_overhead(preset: str, data_path: Path, *, steps: int = 40, repeats: int
     scaler = torch.amp.GradScaler(device.type, enabled=False)
     ema = ModelEMA(net, config.ema_decay, config.ema_every) if config.ema_decay else None
     runtime = Runtime(device=device)
+    state = TrainingState(net, optimizer, scheduler, scaler, ema, EpochSums.zeros(device))
     x, y = next(data.epoch(config.seed, 0, batch))
     x = normalizer(x)
 
@@ -162,8 +164,8 @@ def loop_overhead(preset: str, data_path: Path, *, steps: int = 40, repeats: int
     def loop(epoch: int) -> float:
         sync()
         t0 = time.perf_counter()
-        train_one_epoch(net, optimizer, scheduler, scaler, ema, net, data, normalizer, config, epoch, 0, batch,
-                        runtime)  # fmt: skip
+        state.epoch, state.step_in_epoch, state.sums = epoch, 0, EpochSums.zeros(device)
+        train_one_epoch(state, data, normalizer, config, batch, runtime)
         sync()
         return n / (time.perf_counter() - t0)
 

@@ -1,16 +1,27 @@
-"""Batched, on-device data path: uint8 images in, normalised (and augmented) floats out.
+"""Everything that holds data on the device: uint8 images in, normalised (and augmented) floats out.
 
-The whole training split lives on the device as uint8, padded once so that each augmented
-batch (random translate + flip) is a single gather of precomputed windows (``TrainBatches``);
-``Normalizer`` then converts it to float and normalises it in the training memory format. No
-per-image Python, no PIL. Random numbers come from an
-explicit ``torch.Generator`` so the data order and augmentations are a pure function of the
-seed and the epoch, which is what makes exact resume and DDP/single-process equivalence work.
+* ``TrainBatches`` (built by ``training_batches``): the training split on the device as uint8,
+  padded once so that each augmented batch (random translate + flip) is a single gather of
+  precomputed windows;
+* ``DeviceData``: an evaluation split on the device, as it is;
+* ``Normalizer``: uint8 to float, normalised in the training memory format.
+
+No per-image Python, no PIL. Random numbers come from an explicit ``torch.Generator`` seeded by
+(seed, epoch), so the data order and augmentations are a pure function of the seed, the epoch and
+the global batch: never of the number of processes. That is what makes exact resume (also in
+the middle of an epoch), DDP/single-process equivalence and elastic training work.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from cifar10_kfp.config import TrainConfig
 
 
 def epoch_generator(seed: int, epoch: int) -> torch.Generator:
@@ -141,15 +152,16 @@ class TrainBatches:
     def epoch_plan(
         self, seed: int, epoch: int, batch_size: int, rank: int = 0, world_size: int = 1
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One epoch's window rows and labels for ``rank``, in step order (``batch_size // world_size`` each).
+        """One epoch's window rows and labels for ``rank``, in step order (its share of every step).
 
-        ``batch_size`` is global: each step's permuted slice is split evenly across the ranks,
-        and rank r takes the r-th part, so a DDP run sees exactly the single-process batches.
-        The last partial batch is dropped.
+        ``batch_size`` is global: the epoch's draws are made for the global batch, each step's
+        slice is split into ``world_size`` near-equal parts (``rank_share``), and rank r takes
+        the r-th, so the ranks together see exactly the single-process batches whatever the
+        world size. The last partial batch is dropped.
         """
         generator = epoch_generator(seed, epoch)
         steps = len(self) // batch_size
-        local = batch_size // world_size
+        lo, hi = rank_share(batch_size, rank, world_size)
         order = torch.randperm(len(self), generator=generator)[: steps * batch_size]
         flips = random_flip_mask(len(order), generator) if self.flip else None
         shifts = random_shifts(len(order), self.max_shift, generator) if self.max_shift else None
@@ -157,23 +169,76 @@ class TrainBatches:
         def mine(values: torch.Tensor | None) -> torch.Tensor | None:  # this rank's rows, in step order
             if values is None:
                 return None
-            return values.view(steps, world_size, local, *values.shape[1:])[:, rank].reshape(
-                -1, *values.shape[1:]
-            )
+            tail = values.shape[1:]
+            return values.view(steps, batch_size, *tail)[:, lo:hi].reshape(-1, *tail)
 
         index = mine(order)
         device = self.labels.device
         rows = self.window_rows(index, mine(flips), mine(shifts)).to(device)
         return rows, self.labels.index_select(0, index.to(device))
 
-    def epoch(self, seed: int, epoch: int, batch_size: int, rank: int = 0, world_size: int = 1):
-        """Yield one epoch of (uint8 images, labels) for ``rank``: ``len // batch_size`` steps."""
+    def epoch(
+        self, seed: int, epoch: int, batch_size: int, rank: int = 0, world_size: int = 1, start_step: int = 0
+    ):
+        """Yield one epoch of (uint8 images, labels) for ``rank``, from step ``start_step`` on.
+
+        An epoch has ``len // batch_size`` steps; ``start_step`` skips the ones a mid-epoch
+        checkpoint already covers (the draws are the whole epoch's either way).
+        """
         # The whole epoch's window rows and labels at once: per step only two slices remain.
         rows, labels = self.epoch_plan(seed, epoch, batch_size, rank, world_size)
-        local = batch_size // world_size
-        for i in range(len(self) // batch_size):
+        lo, hi = rank_share(batch_size, rank, world_size)
+        local = hi - lo
+        for i in range(start_step, len(self) // batch_size):
             step = slice(i * local, (i + 1) * local)
             yield self.gather(rows[step]), labels[step]
+
+
+def rank_share(batch_size: int, rank: int, world_size: int) -> tuple[int, int]:
+    """The [lo, hi) part of a global batch that ``rank`` of ``world_size`` trains on.
+
+    Near-equal parts, the first ``batch_size % world_size`` ranks taking one image more (as
+    ``torch.tensor_split``): any world size up to the batch works, which elastic training
+    needs, and an even split is the plain ``batch_size // world_size`` per rank.
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside a world of {world_size} processes")
+    if batch_size < world_size:
+        raise ValueError(f"a global batch of {batch_size} images is too small for {world_size} processes")
+    base, extra = divmod(batch_size, world_size)
+    lo = rank * base + min(rank, extra)
+    return lo, lo + base + (1 if rank < extra else 0)
+
+
+@dataclass
+class DeviceData:
+    """One split on the device as it is (no augmentation): uint8 images and int64 labels."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+
+    @classmethod
+    def from_numpy(cls, images: np.ndarray, labels: np.ndarray, device: torch.device) -> DeviceData:
+        return cls(
+            torch.from_numpy(np.ascontiguousarray(images)).to(device), torch.from_numpy(labels).to(device)
+        )
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+
+def training_batches(
+    images: np.ndarray, labels: np.ndarray, config: TrainConfig, device: torch.device
+) -> TrainBatches:
+    """The training split on ``device``, laid out for ``config``'s augmentations and memory format."""
+    split = DeviceData.from_numpy(images, labels, device)
+    return TrainBatches(
+        split.images,
+        split.labels,
+        max_shift=config.translate,
+        flip=config.flip,
+        channels_last=config.channels_last,
+    )
 
 
 class Normalizer:

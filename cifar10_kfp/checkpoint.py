@@ -2,9 +2,10 @@
 
 Layout under a checkpoint prefix (``s3://...`` or a local path)::
 
-    ckpt-epoch00004.pt     torch.save of the full training state (plain types + tensors only)
-    ckpt-epoch00006.pt
-    latest.json            {"key": "ckpt-epoch00006.pt", "sha256": "...", "epoch": 6, "step": ...}
+    ckpt-epoch00004.pt                 torch.save of the full training state at the end of epoch 4
+    ckpt-epoch00004-step00000700.pt    ... after global step 700, inside epoch 5 (4 epochs done)
+    latest.json                        {"key": "ckpt-epoch00004-step00000700.pt", "sha256": "...",
+                                        "epoch": 4, "step": 700, ...}
 
 A write uploads the checkpoint object first (its sha256 is recorded with it), then replaces the
 small ``latest.json`` pointer, then deletes checkpoints beyond the newest ``keep`` (best effort: a failed
@@ -15,7 +16,11 @@ the new checkpoint in force, never a partial one, and a corrupted object is refu
 
 The state holds everything needed to continue bit-for-bit: model, optimizer, LR schedule, grad
 scaler, EMA, epoch and step, RNG states (torch, CUDA, numpy, python) and the data-order state,
-plus the training config and the model identity, which must match to resume.
+plus the training config and the model identity, which must match to resume. A checkpoint
+written inside an epoch also holds the position in it and the epoch's running loss sums.
+
+``CheckpointPolicy`` decides when to write: at the end of every N-th epoch, and (for elastic
+and preemptible runs) every N optimiser steps and/or every S seconds inside an epoch.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import json
 import logging
 import random
 import re
+import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -43,15 +50,59 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT_VERSION = 1
 POINTER_NAME = "latest.json"
-_NAME_RE = re.compile(r"^ckpt-epoch(\d{5,})\.pt$")
+_NAME_RE = re.compile(r"^ckpt-epoch(\d{5,})(?:-step(\d{8,}))?\.pt$")
 
 
 class CheckpointMismatch(ValueError):
     """The checkpoint was written for another model; resuming from it would be wrong."""
 
 
-def checkpoint_name(epoch: int) -> str:
-    return f"ckpt-epoch{epoch:05d}.pt"
+def checkpoint_name(epoch: int, step: int | None = None) -> str:
+    """``ckpt-epoch00004.pt`` at an epoch's end; ``ckpt-epoch00004-step00000700.pt`` inside the next one."""
+    return f"ckpt-epoch{epoch:05d}.pt" if step is None else f"ckpt-epoch{epoch:05d}-step{step:08d}.pt"
+
+
+def _name_order(name: str) -> tuple[int, int]:
+    """Oldest first: by epochs done, an epoch's end before the steps inside the following epoch."""
+    match = _NAME_RE.match(name)
+    return int(match.group(1)), int(match.group(2)) if match.group(2) else -1
+
+
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    """When a training run writes checkpoints (rank 0 decides alone: saving needs no collective)."""
+
+    every_epochs: int = 1  # at the end of every N-th epoch, and always after the last; 0 = the last only
+    every_steps: int = 0  # also after every N-th global optimiser step; 0 = off
+    every_s: float = (
+        0.0  # also when this many seconds passed since the last checkpoint (or the start); 0 = off
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("every_epochs", "every_steps", "every_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"checkpoint interval {name}={getattr(self, name)!r} must be >= 0")
+
+    def interval_due(self, step: int, since_last_s: float) -> bool:
+        """The step or time interval has come round (after global step ``step``)."""
+        by_steps = self.every_steps > 0 and step % self.every_steps == 0
+        return by_steps or (self.every_s > 0 and since_last_s >= self.every_s)
+
+    def epoch_end_due(self, epochs_done: int, is_last: bool) -> bool:
+        return is_last or (self.every_epochs > 0 and epochs_done % self.every_epochs == 0)
+
+
+class CheckpointClock:
+    """Seconds since the last checkpoint this process wrote or resumed from."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+
+    def since_last_s(self) -> float:
+        return time.monotonic() - self.last
+
+    def reset(self) -> None:
+        self.last = time.monotonic()
 
 
 # ------------------------------------------------------------------------ RNG states
@@ -146,17 +197,28 @@ class CheckpointManager:
     def pointer_uri(self) -> str:
         return join_uri(self.uri, POINTER_NAME)
 
-    def save(self, state: dict, *, epoch: int, step: int) -> str:
-        """Write one checkpoint atomically, move the pointer, prune old ones; returns its URI."""
+    def save(self, state: dict, *, epoch: int, step: int, mid_epoch: bool = False) -> str:
+        """Write one checkpoint atomically, move the pointer, prune old ones; returns its URI.
+
+        ``epoch`` counts the epochs done; ``mid_epoch`` marks a checkpoint taken after global
+        step ``step`` inside the following epoch (its name carries the step).
+        """
         state = {"format_version": CHECKPOINT_FORMAT_VERSION, **state, "epoch": epoch, "step": step}
         data = state_to_bytes(state)
-        name = checkpoint_name(epoch)
+        name = checkpoint_name(epoch, step if mid_epoch else None)
         target = join_uri(self.uri, name)
         digest = self.store.put_bytes(data, target)
         pointer = {"key": name, "sha256": digest, "epoch": epoch, "step": step, "size": len(data)}
         self.store.put_bytes(json.dumps(pointer, sort_keys=True).encode(), self.pointer_uri)
         self._prune(keep_name=name)
-        log.info("checkpoint: epoch %d -> %s (%d bytes, sha256 %s)", epoch, target, len(data), digest[:12])
+        log.info(
+            "checkpoint: epoch %d step %d -> %s (%d bytes, sha256 %s)",
+            epoch,
+            step,
+            target,
+            len(data),
+            digest[:12],
+        )
         return target
 
     def read_pointer(self) -> dict | None:
@@ -201,7 +263,7 @@ class CheckpointManager:
             name = uri.rstrip("/").rsplit("/", 1)[-1]
             if _NAME_RE.match(name):
                 names.append(name)
-        return sorted(names, key=lambda n: int(_NAME_RE.match(n).group(1)))
+        return sorted(names, key=_name_order)
 
     def _prune(self, keep_name: str) -> None:
         """Delete checkpoints beyond the newest ``keep``, best effort.

@@ -1,9 +1,10 @@
-"""Single-pod multi-process training: launch DDP workers with torchrun and set up each rank.
+"""Multi-process and multi-node training: launch workers with torchrun and set up each rank.
 
-``launch(...)`` starts ``python -m torch.distributed.run --standalone --nproc-per-node N`` on the
-engine's worker entry point. torchrun gives each worker RANK / LOCAL_RANK / WORLD_SIZE and a
-rendezvous; ``setup_runtime`` turns those into a process group (gloo on CPU, nccl on GPU) and a
-device. Only rank 0 prints, checkpoints and writes outputs.
+``launch(...)`` starts ``python -m torch.distributed.run`` on the internal worker entry point
+(``cifar10_kfp._worker``): ``--standalone`` inside one pod, or torchrun's c10d rendezvous across
+nodes, elastic with ``--nnodes MIN:MAX`` (``Rendezvous``). torchrun gives each worker RANK /
+LOCAL_RANK / WORLD_SIZE; ``setup_runtime`` turns those into a process group (gloo on CPU, nccl
+on GPU) and a device. Only rank 0 prints, checkpoints and writes outputs.
 """
 
 from __future__ import annotations
@@ -90,26 +91,95 @@ def default_nproc(requested: int) -> int:
     return requested
 
 
-def launch(
-    nproc: int, config_dict: dict, data: str, output_dir: str | os.PathLike, checkpoint_uri: str
-) -> None:
-    """Run ``nproc`` engine workers under torchrun in a subprocess and wait; raise if any fails."""
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+@dataclass(frozen=True)
+class Rendezvous:
+    """How the torchrun agents of one run find each other.
+
+    One node (``nnodes="1"``, no endpoint): ``torchrun --standalone``. Several nodes: torchrun's
+    c10d rendezvous on ``endpoint``, the store hosted by the agent on that host (node 0).
+    ``nnodes="MIN:MAX"`` is torchrun's elastic mode: training starts once MIN agents have
+    joined, keeps going while at least MIN are alive, and an agent that joins later (a node
+    that came back, a new pod) makes the others restart their workers at the next rendezvous.
+    """
+
+    nnodes: str = "1"  # "N" (fixed) or "MIN:MAX" (elastic), as torchrun's --nnodes
+    endpoint: str = ""  # HOST:PORT of the rendezvous store on node 0; empty on one node
+    run_id: str = "cifar10-kfp"  # the same on every node of one run, distinct between concurrent runs
+    max_restarts: int = 0  # worker-group restarts after a failure (membership changes do not count)
+
+    def __post_init__(self) -> None:
+        low, high = self.node_range
+        if not 1 <= low <= high:
+            raise ValueError(f"nnodes={self.nnodes!r} must be N or MIN:MAX with 1 <= MIN <= MAX")
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts={self.max_restarts} must be >= 0")
+        if self.endpoint:
+            host, _, port = self.endpoint.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(
+                    f"rendezvous endpoint {self.endpoint!r} must be HOST:PORT (node 0's address)"
+                )
+        elif high > 1:
+            raise ValueError(
+                f"nnodes={self.nnodes!r} spans several nodes: give the rendezvous endpoint HOST:PORT of node 0"
+            )
+        if not self.run_id or not all(c.isalnum() or c in "-_." for c in self.run_id):
+            raise ValueError(f"rendezvous id {self.run_id!r} must be letters, digits, '-', '_' or '.'")
+
+    @property
+    def node_range(self) -> tuple[int, int]:
+        low, _, high = str(self.nnodes).partition(":")
+        try:
+            return int(low), int(high or low)
+        except ValueError:
+            raise ValueError(f"nnodes={self.nnodes!r} must be N or MIN:MAX with 1 <= MIN <= MAX") from None
+
+    @property
+    def multi_node(self) -> bool:
+        return bool(self.endpoint)
+
+    @property
+    def elastic(self) -> bool:
+        low, high = self.node_range
+        return low < high
+
+    def torchrun_args(self, nproc: int) -> list[str]:
+        if not self.multi_node:
+            return ["--standalone", f"--nproc-per-node={nproc}", f"--max-restarts={self.max_restarts}"]
+        args = [
+            f"--nnodes={self.nnodes}", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={self.endpoint}", f"--rdzv-id={self.run_id}", f"--max-restarts={self.max_restarts}",
+        ]  # fmt: skip
+        # On a Kubeflow Trainer node (PET_NODE_RANK is its JobSet completion index) node 0 hosts the
+        # store: said explicitly, since torchrun's guess compares the endpoint's DNS name with this
+        # pod's addresses, which the headless service may not resolve yet when the pods start.
+        node_rank = os.environ.get("PET_NODE_RANK", "")
+        if node_rank.isdigit() and "PET_RDZV_CONF" not in os.environ:
+            args.append(f"--rdzv-conf=is_host={'true' if node_rank == '0' else 'false'}")
+        return args
+
+
+def launch(nproc: int, spec: dict, rendezvous: Rendezvous | None = None) -> None:
+    """Run ``nproc`` training workers under torchrun in a subprocess and wait; raise if it fails.
+
+    ``spec`` is what every worker trains (``cifar10_kfp._worker``): ``config`` (a dict),
+    ``data``, ``output_dir`` and ``checkpoint_uri``.
+    """
+    rendezvous = rendezvous or Rendezvous()
+    Path(spec["output_dir"]).mkdir(parents=True, exist_ok=True)
     package_root = str(Path(__file__).resolve().parents[1])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-    with tempfile.TemporaryDirectory(prefix="cifar10-kfp-ddp-") as tmp:
-        config_path = Path(tmp) / "config.json"
-        config_path.write_text(json.dumps(config_dict))
+    with tempfile.TemporaryDirectory(prefix="cifar10-kfp-workers-") as tmp:
+        spec_path = Path(tmp) / "spec.json"
+        spec_path.write_text(json.dumps(spec))
         command = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "--module", "cifar10_kfp.engine", "--worker",
-            "--config-json", str(config_path), "--data", str(data), "--output-dir", str(output_dir),
-            "--checkpoint-uri", checkpoint_uri,
+            sys.executable, "-m", "torch.distributed.run", *rendezvous.torchrun_args(nproc),
+            "--module", "cifar10_kfp._worker", str(spec_path),
         ]  # fmt: skip
         completed = subprocess.run(command, env=env, check=False)  # noqa: S603 - our own interpreter and module
     if completed.returncode != 0:
+        where = f"{rendezvous.nnodes} node(s) x {nproc}" if rendezvous.multi_node else str(nproc)
         raise RuntimeError(
-            f"distributed training with {nproc} processes failed (torchrun exit {completed.returncode})"
+            f"distributed training with {where} processes failed (torchrun exit {completed.returncode})"
         )

@@ -11,8 +11,10 @@ from safetensors.torch import load_file
 from cifar10_kfp.augment import Normalizer, TrainBatches, epoch_generator, random_shifts
 from cifar10_kfp.config import make_config
 from cifar10_kfp.data.format import save_prepared
-from cifar10_kfp.engine import LinearSchedule, ProgressPrinter, default_checkpoint_uri, train
+from cifar10_kfp.engine import default_checkpoint_uri, train
 from cifar10_kfp.models import load_model
+from cifar10_kfp.training_outputs import ProgressPrinter
+from cifar10_kfp.training_state import LinearSchedule
 from tests.support.data import make_tiny_dataset
 
 TINY_RESNET = {"widths": "8,16,16", "whiten_samples": 128}

@@ -75,6 +75,8 @@ class TrainConfig:
     checkpoint_every: int = (
         1  # write a checkpoint every this many epochs (and always at the end); 0 = end only
     )
+    checkpoint_every_steps: int = 0  # also every this many global steps, inside epochs too; 0 = off
+    checkpoint_every_s: float = 0.0  # also when this many seconds passed since the last one; 0 = off
     keep_checkpoints: int = 2  # checkpoints kept under the prefix; older ones are deleted
     progress: bool = True  # print the per-epoch progress line (rank 0)
 
@@ -85,6 +87,8 @@ class TrainConfig:
             "compile",
             "threads",
             "checkpoint_every",
+            "checkpoint_every_steps",
+            "checkpoint_every_s",
             "keep_checkpoints",
             "progress",
             "eval_batch_size",
@@ -121,6 +125,8 @@ class TrainConfig:
             ),
             ("threads", self.threads >= 0, ">= 0"),
             ("checkpoint_every", self.checkpoint_every >= 0, ">= 0"),
+            ("checkpoint_every_steps", self.checkpoint_every_steps >= 0, ">= 0"),
+            ("checkpoint_every_s", self.checkpoint_every_s >= 0, ">= 0"),
             ("keep_checkpoints", self.keep_checkpoints >= 1, ">= 1"),
             ("whiten_samples", self.whiten_samples >= 1, ">= 1"),
             ("bn_momentum", 0 < self.bn_momentum <= 1, "in (0, 1]"),

@@ -170,6 +170,13 @@ def launch(nproc: int, spec: dict, rendezvous: Rendezvous | None = None) -> None
     package_root = str(Path(__file__).resolve().parents[1])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    if rendezvous.multi_node:
+        # torch's dynamic rendezvous shares the agent's TCP store with the workers by default and then
+        # publishes the workers' MASTER_ADDR once per agent, not once per round: an agent that joins a
+        # later round (a node coming back, a scale-up) waits for a key that rank 0 never writes again,
+        # and the round times out (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py,
+        # next_rendezvous, torch 2.6-2.14). Opting out makes every round publish its own address.
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     with tempfile.TemporaryDirectory(prefix="cifar10-kfp-workers-") as tmp:
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(json.dumps(spec))

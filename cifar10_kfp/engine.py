@@ -309,6 +309,11 @@ def train_in_this_process(
             torch.set_num_threads(config.threads)
         seed_everything(config.seed)
         run = load_run_data(config, data, runtime)
+        if runtime.is_main:
+            log.info(
+                "training on %d process(es) (%s): global batch %d, %d steps per epoch",
+                runtime.world_size, runtime.device, run.batch_size, run.steps_per_epoch,
+            )  # fmt: skip
         state = build_training_state(config, run.dataset, runtime.device, run.steps_per_epoch)
         identity = model_identity(config, run.dataset.num_classes, run.dataset.image_size)
         checkpoints = RunCheckpoints(

@@ -37,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="override any TrainConfig field, e.g. --set label_smoothing=0.1 --set widths=32,64,128",
     )  # fmt: skip
     parser.add_argument("--output-dir", required=True, help="where model/, history.json and metrics.json go")
+    from cifar10_kfp_pipelines.commands.multinode import add_multinode_arguments
+
+    add_multinode_arguments(parser)
 
 
 def config_from_args(args: argparse.Namespace):
@@ -52,11 +55,11 @@ def config_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-
     from cifar10_kfp.engine import train
+    from cifar10_kfp_pipelines.commands.multinode import finish, rendezvous_from_args
 
     config = config_from_args(args)
-    result = train(config, args.data, args.output_dir, checkpoint_uri=args.checkpoint_uri, nproc=args.nproc)
-    print(json.dumps(result.metrics, indent=2, sort_keys=True))
+    result = train(config, args.data, args.output_dir, checkpoint_uri=args.checkpoint_uri, nproc=args.nproc,
+                   rendezvous=rendezvous_from_args(args))  # fmt: skip
+    finish(result, args)
     return 0

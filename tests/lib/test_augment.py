@@ -17,6 +17,7 @@ from cifar10_kfp.augment import (
     epoch_generator,
     random_flip_mask,
     random_shifts,
+    rank_share,
 )
 
 
@@ -167,15 +168,48 @@ def test_epoch_batches_are_the_reference_augmentations_of_the_epoch_draws(
         assert torch.equal(batch, expected) and torch.equal(batch_labels, labels[order[rows]])
 
 
-def test_each_rank_gets_its_share_of_the_single_process_batch():
-    """DDP: rank r's part of step i is the r-th slice of the single-process step i, for every rank."""
+@pytest.mark.parametrize("world_size", [1, 2, 3, 5, 12])
+def test_each_rank_gets_its_share_of_the_single_process_batch(world_size):
+    """Rank r's part of step i is the r-th slice of the single-process step i, for any world size.
+
+    The data order is the same whatever the number of processes (elastic training relies on it):
+    12 images per step split 12 = 6+6 = 4+4+4 = 3+3+2+2+2 = 1 x 12, in rank order.
+    """
     images, labels = _batch(50, 8, 8, seed=9), torch.arange(50)
     batches = TrainBatches(images, labels, max_shift=2, flip=True, channels_last=True)
     single = list(batches.epoch(seed=1, epoch=3, batch_size=12))
-    per_rank = [list(batches.epoch(seed=1, epoch=3, batch_size=12, rank=r, world_size=3)) for r in range(3)]
+    per_rank = [
+        list(batches.epoch(seed=1, epoch=3, batch_size=12, rank=r, world_size=world_size))
+        for r in range(world_size)
+    ]
     for step, (whole, whole_labels) in enumerate(single):
-        assert torch.equal(torch.cat([per_rank[r][step][0] for r in range(3)]), whole)
-        assert torch.equal(torch.cat([per_rank[r][step][1] for r in range(3)]), whole_labels)
+        assert torch.equal(torch.cat([per_rank[r][step][0] for r in range(world_size)]), whole)
+        assert torch.equal(torch.cat([per_rank[r][step][1] for r in range(world_size)]), whole_labels)
+    assert [len(per_rank[r][0][1]) for r in range(world_size)] == [
+        rank_share(12, r, world_size)[1] - rank_share(12, r, world_size)[0] for r in range(world_size)
+    ]
+
+
+def test_an_epoch_can_start_in_its_middle():
+    """A mid-epoch resume skips the steps done: the rest are exactly the uninterrupted epoch's."""
+    images, labels = _batch(50, 8, 8, seed=4), torch.arange(50)
+    batches = TrainBatches(images, labels, max_shift=1, flip=True)
+    whole = list(batches.epoch(seed=2, epoch=1, batch_size=8, rank=1, world_size=2))
+    rest = list(batches.epoch(seed=2, epoch=1, batch_size=8, rank=1, world_size=2, start_step=4))
+    assert len(rest) == len(whole) - 4
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(whole[4:], rest))
+
+
+def test_rank_shares_cover_the_batch_and_refuse_impossible_worlds():
+    for batch, world in [(12, 5), (7, 7), (64, 3), (1, 1)]:
+        shares = [rank_share(batch, r, world) for r in range(world)]
+        assert shares[0][0] == 0 and shares[-1][1] == batch
+        assert all(a[1] == b[0] for a, b in zip(shares, shares[1:]))
+        assert max(h - lo for lo, h in shares) - min(h - lo for lo, h in shares) <= 1
+    with pytest.raises(ValueError, match="global batch of 3 images is too small for 4 processes"):
+        rank_share(3, 0, 4)
+    with pytest.raises(ValueError, match="rank 2 is outside a world of 2"):
+        rank_share(8, 2, 2)
 
 
 def test_random_draws_are_unchanged():

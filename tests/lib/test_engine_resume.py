@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -89,3 +90,41 @@ def test_kill_9_then_rerun_resumes_and_matches_an_uninterrupted_run(tmp_path):
     assert sorted(p.name for p in ckpt.iterdir() if p.suffix == ".pt") == [
         f"ckpt-epoch{EPOCHS - 1:05d}.pt", f"ckpt-epoch{EPOCHS:05d}.pt",
     ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_resume_from_a_mid_epoch_checkpoint_is_bitwise_exact(tmp_path):
+    """A checkpoint written inside an epoch (every N steps) resumes exactly: same weights and history.
+
+    The uninterrupted run keeps all its checkpoints; then the pointer is moved back to one written in
+    the middle of epoch 2, the outputs are removed, and the same run again resumes from there.
+    """
+    from cifar10_kfp.checkpoint import CheckpointManager
+    from cifar10_kfp.config import make_config
+    from cifar10_kfp.engine import train
+
+    data = save_prepared(make_tiny_dataset(n_train=256, n_val=64, image_size=16), tmp_path / "d.safetensors")
+    # cpu preset: EMA, flip + translate, linear schedule; 256 / 32 = 8 steps per epoch, a checkpoint every 3
+    config = make_config("cpu", {"epochs": 3, "batch_size": 32, "widths": "8,8,16", "whiten_samples": 64,
+                                 "threads": 1, "checkpoint_every_steps": 3, "keep_checkpoints": 100})  # fmt: skip
+    ckpt = tmp_path / "ck"
+    reference = train(config, data, tmp_path / "ref", checkpoint_uri=str(ckpt))
+    manager = CheckpointManager(str(ckpt), keep=100)
+    names = manager.list_checkpoints()
+    assert "ckpt-epoch00001-step00000012.pt" in names and "ckpt-epoch00001.pt" in names
+    assert names.index("ckpt-epoch00001.pt") < names.index("ckpt-epoch00001-step00000012.pt")
+
+    mid = manager.store.get_bytes(str(ckpt / "ckpt-epoch00001-step00000012.pt"))
+    pointer = {"key": "ckpt-epoch00001-step00000012.pt", "sha256": hashlib.sha256(mid).hexdigest(), "epoch": 1,
+               "step": 12, "size": len(mid)}  # fmt: skip
+    (ckpt / "latest.json").write_text(json.dumps(pointer))
+    resumed = train(config, data, tmp_path / "run", checkpoint_uri=str(ckpt))
+
+    assert (
+        resumed.metrics["resumed_from_epoch"] == 1 and resumed.metrics["steps"] == reference.metrics["steps"]
+    )
+    for key in ("train_loss", "train_acc", "val_loss", "val_acc", "lr", "step"):
+        assert [r[key] for r in resumed.history] == [r[key] for r in reference.history], key
+    expected = load_file(str(tmp_path / "ref" / "model" / "model.safetensors"))
+    actual = load_file(str(tmp_path / "run" / "model" / "model.safetensors"))
+    assert [k for k in expected if not torch.equal(expected[k], actual[k])] == []

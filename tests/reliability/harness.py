@@ -45,6 +45,8 @@ class Figures:
     kills: list[dict] = field(default_factory=list)  # {"point", "epoch", "survived"}
     kill_seed: int | None = None
     outage_s: list[float] = field(default_factory=list)  # seconds the store was down while a run survived
+    # {"survived", "interval_steps", "pointer_step_at_kill", "resumed_step"}: elastic runs that lost a node
+    node_losses: list[dict] = field(default_factory=list)
     budget_exhausted: list[dict] = field(default_factory=list)  # {"clear_error", "resumed"}
     inputs: dict[str, InputFigure] = field(default_factory=dict)
     secret_surfaces: dict[str, dict] = field(default_factory=dict)  # label -> {"files", "bytes", "hits"}
@@ -68,6 +70,8 @@ class Figures:
             "kills": self.kills,
             "kill_seed": self.kill_seed,
             "outage_seconds_survived": round(sum(self.outage_s), 1),
+            "node_losses_survived": sum(1 for n in self.node_losses if n["survived"]),
+            "node_losses": self.node_losses,
             "budget_exhausted": self.budget_exhausted,
             "inputs": {k: vars(v) for k, v in sorted(self.inputs.items())},
             "inputs_tried": sum(v.tried for v in self.inputs.values()),
@@ -88,6 +92,14 @@ class Figures:
                 f"kills survived (kill -9, bitwise-exact resume)  {d['kills_survived']}/{len(self.kills)}"
             )
             lines.append(f"    seed {self.kill_seed}: {points}")
+        if self.node_losses:
+            intervals = sorted({n["interval_steps"] for n in self.node_losses})
+            within = all(n["resumed_step"] >= n["pointer_step_at_kill"] for n in self.node_losses)
+            lines.append(
+                f"node losses survived (elastic)                 {d['node_losses_survived']}/{len(self.node_losses)}, "
+                f"progress lost {'<=' if within else 'MORE THAN'} interval "
+                f"({'/'.join(map(str, intervals))} steps)"
+            )
         if self.outage_s or self.budget_exhausted:
             lines.append(
                 f"outage seconds survived                        {d['outage_seconds_survived']:.1f} s"

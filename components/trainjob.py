@@ -55,7 +55,7 @@ def train_on_trainer(
     from cifar10_kfp.params import checkpoint_prefix, train_config
     from cifar10_kfp.run_records import report_failures
     from cifar10_kfp.storage import open_store
-    from cifar10_kfp.trainjob import TrainJobRequest, current_namespace, job_name, run_trainjob
+    from cifar10_kfp.trainjob import TrainJobRequest, current_namespace, job_name, launcher_pod, run_trainjob
 
     report_failures(bucket, storage_prefix)
     config = train_config(training)  # the same mapping as the single-node train step
@@ -67,6 +67,7 @@ def train_on_trainer(
         output_uri=store.root_uri("trainjobs", name), checkpoint_uri=checkpoints, config=config.to_dict(),
         num_nodes=num_nodes, gpus_per_node=num_gpus, minio_endpoint=minio_endpoint, minio_secure=minio_secure,
         labels={"pipelines.kubeflow.org/run-id": run_id[:63]},
+        owner=launcher_pod(),
     )  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         state = run_trainjob(request, tmp, store=store)

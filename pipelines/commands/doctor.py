@@ -120,7 +120,9 @@ def check_object_store(api_client, endpoint: str) -> Check:
 
 
 def check_trainer(api_client, num_nodes: int) -> Check:
-    from cifar10_kfp.trainjob import DEFAULT_RUNTIME, GROUP, PLURAL, VERSION
+    """Kubeflow Trainer >= 2.2 (read from the TrainJob CRD's schema) and its torch-distributed runtime."""
+    from cifar10_kfp.trainjob import DEFAULT_RUNTIME, GROUP, PLURAL, VERSION, read_trainer_crd
+    from cifar10_kfp.trainjob.manifest import too_old_message, trainer_version_from_crd
 
     if num_nodes <= 1:
         return Check(
@@ -129,17 +131,27 @@ def check_trainer(api_client, num_nodes: int) -> Check:
             "not needed for num_nodes=1 (pass --num-nodes 2 to check)",
             required=False,
         )
-    status, _ = _api_get(
-        api_client, f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{PLURAL}.{GROUP}"
-    )
+    status, crd = read_trainer_crd(api_client)
+    if status == 403:
+        return Check("Kubeflow Trainer", False, f"not allowed to read CRD {PLURAL}.{GROUP}: cannot tell its version",
+                     "run doctor with `get customresourcedefinitions` (cluster-scoped); the launcher checks "
+                     "again with a dry run before it creates a TrainJob")  # fmt: skip
     if status != 200:
         return Check("Kubeflow Trainer", False, f"CRD {PLURAL}.{GROUP} not found (HTTP {status})",
-                     "install Kubeflow Trainer v2 (see docs/multi-node.md), or use num_nodes=1")  # fmt: skip
+                     "install Kubeflow Trainer >= 2.2 (see docs/multi-node.md), or use num_nodes=1")  # fmt: skip
+    found = trainer_version_from_crd(crd)
+    if found != ">=2.2":
+        return Check("Kubeflow Trainer", False, too_old_message(found),
+                     "upgrade Kubeflow Trainer to 2.2 or later (docs/multi-node.md)")  # fmt: skip
     status, _ = _api_get(api_client, f"/apis/{GROUP}/{VERSION}/clustertrainingruntimes/{DEFAULT_RUNTIME}")
     if status != 200:
         return Check("Kubeflow Trainer", False, f"ClusterTrainingRuntime {DEFAULT_RUNTIME!r} not found",
                      "install the Trainer's default runtimes (kubectl apply --server-side -k .../runtimes)")  # fmt: skip
-    return Check("Kubeflow Trainer", True, f"TrainJob CRD and runtime {DEFAULT_RUNTIME!r} present")
+    return Check(
+        "Kubeflow Trainer",
+        True,
+        f"Trainer >= 2.2 (TrainJob has runtimePatches) and runtime {DEFAULT_RUNTIME!r}",
+    )
 
 
 def diagnose(api_client, args: argparse.Namespace) -> list[Check]:

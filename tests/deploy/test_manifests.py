@@ -355,7 +355,7 @@ def test_every_pod_runs_with_the_restricted_pod_security_fields():
             assert sc.get("runAsNonRoot", True) is True and sc.get("runAsUser", 1) != 0, what
 
 
-def test_rbac_grants_trainjobs_and_nothing_else():
+def test_rbac_grants_trainjobs_and_event_listing_and_nothing_else():
     docs = {
         (doc["kind"], doc["metadata"]["name"]): doc for doc in _documents(RBAC_FILE) + _documents(JOB_FILE)
     }
@@ -372,7 +372,7 @@ def test_rbac_grants_trainjobs_and_nothing_else():
     }
     expected = {
         ("trainer.kubeflow.org", "trainjobs", v) for v in ("create", "get", "list", "watch", "delete")
-    }
+    } | {("", "events", "list")}
     assert granted == expected
     assert all("*" not in part for grant in granted for part in grant)
     assert not any("resourceNames" in rule or "nonResourceURLs" in rule for rule in role["rules"])

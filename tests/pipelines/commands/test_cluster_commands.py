@@ -136,6 +136,8 @@ def test_runs_lists_newest_first_with_metrics_from_the_run_summaries(kfp_server,
 
 
 def _healthy_cluster(gpus: str = "8") -> dict:
+    from tests.support.k8s_fake_server import trainjob_crd
+
     ready = {"subsets": [{"addresses": [{"ip": "10.0.0.5"}], "ports": [{"port": 8888}]}]}
     return {
         "/api/v1/namespaces/kubeflow/endpoints/ml-pipeline": ready,
@@ -147,7 +149,8 @@ def _healthy_cluster(gpus: str = "8") -> dict:
             {"metadata": {"name": "cpu-1"}, "status": {"allocatable": {"cpu": "8"}}},
             {"metadata": {"name": "gpu-1"}, "status": {"allocatable": {"cpu": "32", "nvidia.com/gpu": gpus}}},
         ]},
-        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/trainjobs.trainer.kubeflow.org": {"kind": "CRD"},
+        # Trainer 2.2's TrainJob CRD (its schema's spec fields): tests/support/k8s_fake_server.py
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/trainjobs.trainer.kubeflow.org": trainjob_crd("2.2"),
         "/apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes/torch-distributed": {"kind": "Runtime"},
     }  # fmt: skip
 
@@ -174,7 +177,7 @@ def test_doctor_explains_what_is_missing(capsys):
     del objects["/api/v1/namespaces/team-a/secrets/mlpipeline-minio-artifact"]
     del objects["/apis/apiextensions.k8s.io/v1/customresourcedefinitions/trainjobs.trainer.kubeflow.org"]
     objects["/api/v1/namespaces/kubeflow/endpoints/seaweedfs"] = {"subsets": []}
-    with K8sFakeServer(objects) as k8s:
+    with K8sFakeServer(objects, trainer_installed=False) as k8s:
         rc = main(["doctor", "--kube-api", k8s.url, "--namespace", "team-a", "--num-nodes", "4"])
     out = capsys.readouterr().out
     assert rc == 1
@@ -187,3 +190,21 @@ def test_doctor_explains_what_is_missing(capsys):
     )
     assert "[FAIL] Kubeflow Trainer: CRD trainjobs.trainer.kubeflow.org not found" in out
     assert "[OK  ] Kubeflow Pipelines API" in out and "4 check(s) failed" in out
+
+
+@pytest.mark.parametrize("old", ["2.0", "2.1"])
+def test_doctor_refuses_a_trainer_older_than_2_2(capsys, old):
+    """runtimePatches, which the TrainJob's pod settings need, arrived in Trainer 2.2: read from the CRD."""
+    from tests.support.k8s_fake_server import CRD, K8sFakeServer, trainjob_crd
+
+    objects = _healthy_cluster()
+    objects[CRD] = trainjob_crd(old)
+    with K8sFakeServer(objects) as k8s:
+        rc = main(["doctor", "--kube-api", k8s.url, "--namespace", "team-a", "--num-nodes", "2"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert (
+        f"[FAIL] Kubeflow Trainer: Kubeflow Trainer {old} is installed, but multi-node training needs Trainer >= 2.2"
+        in out
+    )
+    assert "fix: upgrade Kubeflow Trainer to 2.2 or later" in out

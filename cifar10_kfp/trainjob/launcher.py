@@ -1,0 +1,115 @@
+"""The multi-node launcher: check the Trainer, submit the TrainJob, watch it, clean up, collect outputs.
+
+``run_trainjob`` is what the pipeline's multi-node train step does, in this order:
+
+1. **Trainer version**: refuse a Trainer older than 2.2 before creating anything, from the
+   TrainJob CRD's schema, or (without the right to read CRDs, as in a Kubeflow profile
+   namespace) from a server-side dry-run create with strict field validation, which the API
+   server refuses with ``unknown field "spec.runtimePatches"`` on an older Trainer.
+2. **Submit**, owned by the launcher pod (``KFP_POD_NAME`` / ``KFP_POD_UID``, which the KFP
+   2.15-2.17 backend sets on every executor container from the downward API: kubeflow/pipelines
+   backend/src/v2/compiler/argocompiler/common.go), so deleting the run's pods deletes the job.
+3. **Watch** until Complete or Failed, streaming state changes, and every ``events_every_s``
+   the Warning events of the job and everything it made (JobSet, Jobs, pods): an unschedulable
+   job (no GPUs, an unknown runtime, a rejected pod) says why within a minute.
+4. **Timeout**: past ``timeout_s`` the launcher deletes the job and fails, naming the reason
+   and the last warnings. ``activeDeadlineSeconds`` on the job is the backstop if the launcher
+   itself dies.
+5. **Cancel**: SIGTERM (what Argo sends when a KFP run is terminated) deletes the job, then
+   fails the step.
+6. **Collect** the outputs the node holding rank 0 uploaded, then delete the finished job
+   unless ``keep`` (a failed job is kept for its logs: it holds no GPUs, and a retry replaces it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+
+from cifar10_kfp.trainjob.api import (
+    TrainJobFailed,
+    TrainJobTimedOut,
+    check_trainer_version,
+    delete_trainjob,
+    load_kubernetes,
+    submit_trainjob,
+)
+from cifar10_kfp.trainjob.manifest import (
+    MODEL_SUBDIR,
+    OUTPUT_FILES,
+    JobState,
+    TrainJobRequest,
+    build_trainjob,
+)
+from cifar10_kfp.trainjob.watch import watch_trainjob
+
+log = logging.getLogger(__name__)
+
+
+def collect_outputs(output_uri: str, output_dir: str | os.PathLike, store=None) -> Path:
+    """Download what the node holding rank 0 uploaded (model/, history.json, metrics.json)."""
+    from cifar10_kfp.storage import ObjectStore, join_uri
+
+    store = store or ObjectStore()
+    output_dir = Path(output_dir)
+    store.get_dir(join_uri(output_uri, MODEL_SUBDIR), output_dir / MODEL_SUBDIR)
+    for name in OUTPUT_FILES:
+        store.get_file(join_uri(output_uri, name), output_dir / name)
+    return output_dir
+
+
+@contextlib.contextmanager
+def deleted_on_sigterm(api_client, namespace: str, name: str):
+    """While inside: SIGTERM (a cancelled KFP run) deletes the job, then fails the step with that reason."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be installed in the main thread; the ownerReference still holds
+        return
+
+    def on_sigterm(signum, frame):
+        deleted = delete_trainjob(api_client, namespace, name)
+        raise TrainJobFailed(
+            f"cancelled (SIGTERM): {'deleted' if deleted else 'there was no'} TrainJob {namespace}/{name}, "
+            "so it holds no GPUs"
+        )
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_trainjob(
+    request: TrainJobRequest,
+    output_dir: str | os.PathLike,
+    *,
+    api_client=None,
+    store=None,
+    timeout_s: float = 0.0,
+    keep: bool = False,
+    events_every_s: float = 30.0,
+) -> JobState:
+    """Check the Trainer, submit, watch to the end (or the timeout), collect the outputs, clean up."""
+    api_client = api_client or load_kubernetes()
+    manifest = build_trainjob(request)
+    ns, name = request.namespace, request.name
+    found = check_trainer_version(api_client, manifest)
+    log.info("Kubeflow Trainer %s: creating TrainJob %s/%s", found, ns, name)
+    with deleted_on_sigterm(api_client, ns, name):
+        submit_trainjob(api_client, manifest)
+        try:
+            state = watch_trainjob(api_client, ns, name, timeout_s=timeout_s, events_every_s=events_every_s)
+        except TrainJobTimedOut as exc:
+            delete_trainjob(api_client, ns, name)
+            raise TrainJobTimedOut(
+                f"TrainJob {ns}/{name} {exc}: deleted it. Raise the launcher timeout (trainjob_timeout_h) if the "
+                "run needs longer, or see the events above for why it did not run"
+            ) from None
+    collect_outputs(request.output_uri, output_dir, store=store)
+    if not keep:
+        delete_trainjob(api_client, ns, name)
+    return state

@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="override any TrainConfig field, e.g. --set label_smoothing=0.1 --set widths=32,64,128",
     )  # fmt: skip
     parser.add_argument("--output-dir", required=True, help="where model/, history.json and metrics.json go")
-    from cifar10_kfp_pipelines.commands.multinode import add_multinode_arguments
+    from cifar10_kfp_pipelines.commands.common import add_multinode_arguments
 
     add_multinode_arguments(parser)
 
@@ -56,7 +56,7 @@ def config_from_args(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from cifar10_kfp.engine import train
-    from cifar10_kfp_pipelines.commands.multinode import finish, rendezvous_from_args
+    from cifar10_kfp_pipelines.commands.common import finish, rendezvous_from_args
 
     config = config_from_args(args)
     result = train(config, args.data, args.output_dir, checkpoint_uri=args.checkpoint_uri, nproc=args.nproc,

@@ -55,22 +55,18 @@ def train_on_trainer(
     from cifar10_kfp.params import checkpoint_prefix, train_config
     from cifar10_kfp.run_records import report_failures
     from cifar10_kfp.storage import open_store
-    from cifar10_kfp.trainjob import TrainJobRequest, current_namespace, job_name, launcher_pod, run_trainjob
+    from cifar10_kfp.trainjob import DEFAULT_TIMEOUT_H, request_for_run, run_trainjob
 
     report_failures(bucket, storage_prefix)
     config = train_config(training)  # the same mapping as the single-node train step
     store = open_store(bucket, storage_prefix)
     checkpoints = checkpoint_prefix(checkpoint_uri, run_id, config, store)
-    name = job_name(run_id, config.config_hash())
-    request = TrainJobRequest(
-        name=name, namespace=current_namespace(), image=image, data_uri=dataset.uri,
-        output_uri=store.root_uri("trainjobs", name), checkpoint_uri=checkpoints, config=config.to_dict(),
+    request = request_for_run(
+        config, run_id=run_id, store=store, data_uri=dataset.uri, checkpoint_uri=checkpoints, image=image,
         num_nodes=num_nodes, gpus_per_node=num_gpus, minio_endpoint=minio_endpoint, minio_secure=minio_secure,
-        labels={"pipelines.kubeflow.org/run-id": run_id[:63]},
-        owner=launcher_pod(),
     )  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
-        state = run_trainjob(request, tmp, store=store)
+        state = run_trainjob(request, tmp, store=store, timeout_s=DEFAULT_TIMEOUT_H * 3600)
         shutil.copytree(Path(tmp) / "model", model.path, dirs_exist_ok=True)
         shutil.copyfile(Path(tmp) / "history.json", history.path)
         final = json.loads((Path(tmp) / "metrics.json").read_text())
@@ -78,6 +74,6 @@ def train_on_trainer(
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             metrics.log_metric(key, float(value))
     model.metadata.update(
-        checkpoint_uri=checkpoints, trainjob=f"{request.namespace}/{name}", num_nodes=num_nodes
+        checkpoint_uri=checkpoints, trainjob=f"{request.namespace}/{request.name}", num_nodes=num_nodes
     )
-    print(f"TrainJob {request.namespace}/{name}: {state.phase}")
+    print(f"TrainJob {request.namespace}/{request.name}: {state.phase}")

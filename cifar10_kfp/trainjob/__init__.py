@@ -20,7 +20,7 @@ from cifar10_kfp.trainjob.api import (
     read_trainer_crd,
     submit_trainjob,
 )
-from cifar10_kfp.trainjob.launcher import collect_outputs, run_trainjob
+from cifar10_kfp.trainjob.launcher import DEFAULT_TIMEOUT_H, collect_outputs, request_for_run, run_trainjob
 from cifar10_kfp.trainjob.manifest import (
     DEFAULT_RUNTIME,
     GROUP,
@@ -44,7 +44,7 @@ from cifar10_kfp.trainjob.watch import EventReporter, watch_trainjob
 __all__ = [
     "DEFAULT_RUNTIME", "GROUP", "KIND", "MAX_JOB_NAME", "MAX_POD_NAME", "PLURAL", "VERSION",
     "EventReporter", "JobState", "TrainJobFailed", "TrainJobRequest", "TrainJobTimedOut", "TrainerTooOld",
-    "build_trainjob", "check_trainer_version", "collect_outputs", "config_arguments", "current_namespace",
+    "DEFAULT_TIMEOUT_H", "build_trainjob", "check_trainer_version", "request_for_run", "collect_outputs", "config_arguments", "current_namespace",
     "delete_trainjob", "job_name", "job_state", "launcher_pod", "load_kubernetes", "longest_pod_name",
     "node_command", "read_trainer_crd", "run_trainjob", "submit_trainjob", "trainer_version_from_crd",
     "watch_trainjob",

@@ -34,7 +34,9 @@ from cifar10_kfp.trainjob.api import (
     TrainJobFailed,
     TrainJobTimedOut,
     check_trainer_version,
+    current_namespace,
     delete_trainjob,
+    launcher_pod,
     load_kubernetes,
     submit_trainjob,
 )
@@ -44,10 +46,36 @@ from cifar10_kfp.trainjob.manifest import (
     JobState,
     TrainJobRequest,
     build_trainjob,
+    job_name,
 )
 from cifar10_kfp.trainjob.watch import watch_trainjob
 
 log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_H = 24.0  # the launcher's timeout unless the pipeline sets trainjob_timeout_h
+DEADLINE_MARGIN_S = 600  # activeDeadlineSeconds = the launcher's timeout + this: the launcher acts first
+
+
+def request_for_run(config, *, run_id: str, store, data_uri: str, checkpoint_uri: str, image: str, num_nodes: int,
+                    gpus_per_node: int, min_nodes: int = 0, max_restarts: int = 3, timeout_h: float = DEFAULT_TIMEOUT_H,
+                    service_account: str = "", image_pull_secrets: str = "", minio_endpoint: str = "",
+                    minio_secure: bool = False) -> TrainJobRequest:  # fmt: skip
+    """The TrainJob of one pipeline run's train step: named after the run and config, owned by this pod.
+
+    ``image_pull_secrets`` is a comma-separated list of secret names (a pipeline parameter is a string).
+    """
+    name = job_name(run_id, config.config_hash())
+    return TrainJobRequest(
+        name=name, namespace=current_namespace(), image=image, data_uri=data_uri,
+        output_uri=store.root_uri("trainjobs", name), checkpoint_uri=checkpoint_uri, config=config.to_dict(),
+        num_nodes=num_nodes, gpus_per_node=gpus_per_node, min_nodes=min_nodes, max_restarts=max_restarts,
+        minio_endpoint=minio_endpoint, minio_secure=minio_secure,
+        labels={"pipelines.kubeflow.org/run-id": run_id[:63]},
+        active_deadline_s=int(timeout_h * 3600) + DEADLINE_MARGIN_S if timeout_h > 0 else 0,
+        service_account=service_account.strip(),
+        image_pull_secrets=tuple(s.strip() for s in image_pull_secrets.split(",") if s.strip()),
+        owner=launcher_pod(),
+    )  # fmt: skip
 
 
 def collect_outputs(output_uri: str, output_dir: str | os.PathLike, store=None) -> Path:

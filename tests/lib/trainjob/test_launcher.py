@@ -93,3 +93,24 @@ def test_sigterm_deletes_the_job_and_fails_the_step(tmp_path):
         assert len(k8s.requests_to("POST", TRAINJOBS.format(ns=NS))) == 1
         assert len(k8s.requests_to("DELETE", TRAINJOBS.format(ns=NS))) == 1 and not k8s.trainjobs
     assert signal.getsignal(signal.SIGTERM) is before  # the handler lives only while the job does
+
+
+def test_a_runs_request_is_named_owned_and_deadlined_from_the_pipelines_values(store_env, monkeypatch):
+    from cifar10_kfp.config import make_config
+    from cifar10_kfp.trainjob import job_name, request_for_run
+
+    monkeypatch.setenv("KFP_POD_NAME", "training-x-system-container-impl-7")
+    monkeypatch.setenv("KFP_POD_UID", "uid-7")
+    config = make_config("cpu")
+    job = request_for_run(
+        config, run_id="run-7", store=store_env, data_uri="s3://b/d", checkpoint_uri="s3://b/c", image="img",
+        num_nodes=4, gpus_per_node=2, min_nodes=2, max_restarts=5, timeout_h=2.0, service_account=" sa ",
+        image_pull_secrets="regcred, mirror,,",
+    )  # fmt: skip
+    assert job.name == job_name("run-7", config.config_hash()) and job.output_uri.endswith(
+        f"/trainjobs/{job.name}"
+    )
+    assert job.active_deadline_s == 2 * 3600 + 600  # the launcher's timeout acts first
+    assert job.image_pull_secrets == ("regcred", "mirror") and job.service_account == "sa"
+    assert job.owner == {"name": "training-x-system-container-impl-7", "uid": "uid-7"}
+    assert (job.min_nodes, job.num_nodes, job.max_restarts, job.elastic) == (2, 4, 5, True)

@@ -146,3 +146,21 @@ def json_list_of_objects(max_items: int, example: str) -> Check:
         return None
 
     return check
+
+
+_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def kubernetes_name(value: str) -> str | None:
+    """'' or a Kubernetes object name (a DNS-1123 subdomain: a service account, a secret)."""
+    if value == "" or (len(value) <= 253 and _DNS1123_SUBDOMAIN.match(value)):
+        return None
+    return "use '' or a Kubernetes name: lower-case letters, digits, '-' and '.', at most 253 characters"
+
+
+def kubernetes_names(value: str) -> str | None:
+    """'' or comma-separated Kubernetes object names (image-pull secrets)."""
+    bad = [name for name in (n.strip() for n in value.split(",")) if name and kubernetes_name(name)]
+    if not bad:
+        return None
+    return f"use '' or comma-separated Kubernetes secret names; {bad[0]!r} is not one"

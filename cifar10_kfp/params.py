@@ -99,6 +99,28 @@ TRAINING_PARAMS: tuple[Param, ...] = (
     _P("num_nodes", int, 1,
        f"Nodes to train on, 1..{MAX_NODES}; more than 1 hands training to a Kubeflow Trainer TrainJob.",
        rule.int_range(1, MAX_NODES), multi_node=True),
+    _P("min_nodes", int, 0,
+       "Elastic training: the TrainJob keeps training while at least this many of its num_nodes nodes are "
+       "alive, 1..num_nodes; 0 means num_nodes (a fixed size).", rule.int_range(0, MAX_NODES), multi_node=True),
+    _P("max_restarts", int, 3,
+       "Times the TrainJob's nodes restart training after a failure such as a lost node, 0..100 (torchrun "
+       "--max-restarts; a node joining does not count).", rule.int_range(0, 100), multi_node=True),
+    _P("checkpoint_every_s", int, 600,
+       "Also save a checkpoint whenever this many seconds have passed, inside epochs too, 0..86400; 0 saves "
+       "per epoch only. After a lost node or a preemption at most this much training is redone.",
+       rule.int_range(0, 86_400), train=True),
+    _P("trainjob_timeout_h", float, 24.0,
+       "Hours the multi-node TrainJob may take, in (0, 720]; then it is deleted and the step fails naming why.",
+       rule.float_range(0.0, 720.0, lo_open=True), multi_node=True),
+    _P("keep_trainjob", int, 0,
+       "1 keeps the finished TrainJob for inspection; 0 deletes it once its outputs are collected.",
+       rule.int_range(0, 1), multi_node=True),
+    _P("service_account", str, "",
+       "Service account of the TrainJob's node pods; empty keeps the training runtime's.",
+       rule.kubernetes_name, multi_node=True),
+    _P("image_pull_secrets", str, "",
+       "Comma-separated secrets for pulling the image in the TrainJob's node pods; empty for none.",
+       rule.kubernetes_names, multi_node=True),
     _P("checkpoint_uri", str, "",
        "Where checkpoints go (s3://bucket/key; each training configuration gets its own folder under it); "
        "empty derives it from the run id, so a retry resumes.", rule.checkpoint_uri),
@@ -262,6 +284,11 @@ def validate_pipeline_params(params: Mapping[str, Any], pipeline: str = "trainin
     values["dataset_checksum"] = values["dataset_checksum"].lower().removeprefix("sha256:")
     values["extra_hparams"] = _normalise_json_object(values["extra_hparams"])
     _check_training_config(training_settings(values), where="")
+    if pipeline == "training" and values["min_nodes"] > values["num_nodes"]:
+        raise ValueError(
+            f"min_nodes={values['min_nodes']} is out of range: use 0 (= num_nodes) or 1..{values['num_nodes']} "
+            f"(num_nodes={values['num_nodes']})"
+        )
     if pipeline == "sweep":
         values["hparam_sets"] = json.dumps(_validate_trials(values), sort_keys=True)
     return values

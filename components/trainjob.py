@@ -18,6 +18,12 @@ def train_on_trainer(
     training: dict,
     num_gpus: int,
     num_nodes: int,
+    min_nodes: int,
+    max_restarts: int,
+    trainjob_timeout_h: float,
+    keep_trainjob: int,
+    service_account: str,
+    image_pull_secrets: str,
     checkpoint_uri: str,
     run_id: str,
     bucket: str,
@@ -35,7 +41,13 @@ def train_on_trainer(
         dataset: The prepared dataset (read by every node from the object store).
         training: Validated training settings (cifar10_kfp.params.TRAINING_KEYS): validate's output.
         num_gpus: GPUs per node (0 trains on CPU with gloo).
-        num_nodes: Number of nodes.
+        num_nodes: Number of nodes (the most, in elastic mode).
+        min_nodes: Elastic: keep training while at least this many nodes are alive; 0 means num_nodes.
+        max_restarts: torchrun's worker-group restarts after a failure such as a lost node.
+        trainjob_timeout_h: Hours before the launcher deletes the TrainJob and fails the step.
+        keep_trainjob: 1 keeps the finished TrainJob; 0 deletes it once its outputs are collected.
+        service_account: The node pods' service account; empty keeps the runtime's.
+        image_pull_secrets: Comma-separated image-pull secrets for the node pods; empty for none.
         checkpoint_uri: Checkpoint prefix, the config hash appended; empty derives it from the run id.
         run_id: The KFP run id (names the TrainJob, so a retry re-attaches).
         bucket: Object-store bucket, empty for the configured one.
@@ -55,7 +67,7 @@ def train_on_trainer(
     from cifar10_kfp.params import checkpoint_prefix, train_config
     from cifar10_kfp.run_records import report_failures
     from cifar10_kfp.storage import open_store
-    from cifar10_kfp.trainjob import DEFAULT_TIMEOUT_H, request_for_run, run_trainjob
+    from cifar10_kfp.trainjob import request_for_run, run_trainjob
 
     report_failures(bucket, storage_prefix)
     config = train_config(training)  # the same mapping as the single-node train step
@@ -63,10 +75,14 @@ def train_on_trainer(
     checkpoints = checkpoint_prefix(checkpoint_uri, run_id, config, store)
     request = request_for_run(
         config, run_id=run_id, store=store, data_uri=dataset.uri, checkpoint_uri=checkpoints, image=image,
-        num_nodes=num_nodes, gpus_per_node=num_gpus, minio_endpoint=minio_endpoint, minio_secure=minio_secure,
+        num_nodes=num_nodes, gpus_per_node=num_gpus, min_nodes=min_nodes, max_restarts=max_restarts,
+        timeout_h=trainjob_timeout_h, service_account=service_account, image_pull_secrets=image_pull_secrets,
+        minio_endpoint=minio_endpoint, minio_secure=minio_secure,
     )  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
-        state = run_trainjob(request, tmp, store=store, timeout_s=DEFAULT_TIMEOUT_H * 3600)
+        state = run_trainjob(
+            request, tmp, store=store, timeout_s=trainjob_timeout_h * 3600, keep=bool(keep_trainjob)
+        )
         shutil.copytree(Path(tmp) / "model", model.path, dirs_exist_ok=True)
         shutil.copyfile(Path(tmp) / "history.json", history.path)
         final = json.loads((Path(tmp) / "metrics.json").read_text())

@@ -68,8 +68,11 @@ def build_training_pipeline(policy: ClusterPolicy | None = None):
                 evaluate_and_publish(policy, p, train=train, **stages)
             with dsl.Else(name="multi-node"):
                 train = train_on_trainer(
-                    num_nodes=p.num_nodes, image=policy.image, minio_endpoint=policy.minio_endpoint,
-                    minio_secure=policy.minio_secure, **common,
+                    num_nodes=p.num_nodes, min_nodes=p.min_nodes, max_restarts=p.max_restarts,
+                    trainjob_timeout_h=p.trainjob_timeout_h, keep_trainjob=p.keep_trainjob,
+                    service_account=p.service_account, image_pull_secrets=p.image_pull_secrets,
+                    image=policy.image, minio_endpoint=policy.minio_endpoint, minio_secure=policy.minio_secure,
+                    **common,
                 ).set_display_name("train-trainjob")  # fmt: skip
                 policy.trainer_launcher(train)
                 evaluate_and_publish(policy, p, train=train, **stages)

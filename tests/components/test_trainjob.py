@@ -93,9 +93,12 @@ def test_train_on_trainer_component_trains_on_two_nodes(store_env, tmp_path, mon
         monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
         out = tmp_path / "out"
         train_on_trainer.python_func(
-            dataset=dsl.Dataset(uri=data_uri), preset="seed", architecture="simple_cnn", epochs=1, batch_size=16,
-            learning_rate=0.0, seed=0, extra_hparams='{"device": "cpu"}', num_gpus=0, num_nodes=2,
-            checkpoint_every=0, checkpoint_uri="", run_id="run-42", bucket="", storage_prefix="",
+            dataset=dsl.Dataset(uri=data_uri),
+            training={"preset": "seed", "architecture": "simple_cnn", "epochs": 1, "batch_size": 16, "lr": 0.0,
+                      "seed": 0, "extra_hparams": '{"device": "cpu"}', "checkpoint_every": 0},
+            num_gpus=0, num_nodes=2, min_nodes=0, max_restarts=1, trainjob_timeout_h=0.5, keep_trainjob=0,
+            service_account="", image_pull_secrets="", checkpoint_uri="", run_id="run-42", bucket="",
+            storage_prefix="",
             image="registry.example/cifar10-kfp:test", minio_endpoint="ignored:9000", minio_secure=False,
             model=dsl.Model(uri=str(out / "model")), metrics=dsl.Metrics(uri=str(out / "metrics")),
             history=dsl.Artifact(uri=str(out / "history")),
@@ -104,6 +107,7 @@ def test_train_on_trainer_component_trains_on_two_nodes(store_env, tmp_path, mon
     assert create.body["spec"]["trainer"]["numNodes"] == 2
     assert create.body["spec"]["trainer"]["image"] == "registry.example/cifar10-kfp:test"
     assert create.body["metadata"]["ownerReferences"][0]["uid"] == "uid-launcher"
+    assert create.body["spec"]["activeDeadlineSeconds"] == 1800 + 600  # the launcher's timeout + its margin
     assert len(k8s.requests_to("DELETE", TRAINJOBS.format(ns="kubeflow"))) == 1  # deleted once collected
     _, info = load_model(out / "model")
     assert info.architecture == "simple_cnn" and info.num_classes == 4

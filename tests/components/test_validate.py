@@ -51,7 +51,7 @@ def test_python_func_returns_the_train_steps_settings():
     assert gpu_limit == "2"
     assert training == {
         "preset": "cpu", "architecture": "simple_cnn", "epochs": 0, "batch_size": 0, "lr": 0.05, "seed": 0,
-        "extra_hparams": "", "checkpoint_every": 0,
+        "extra_hparams": "", "checkpoint_every": 0, "checkpoint_every_s": 600,
     }  # fmt: skip
     assert json.loads(params_json)["lr"] == 0.05
     with pytest.raises(ValueError, match=r"^epochs=-1 is out of range"):

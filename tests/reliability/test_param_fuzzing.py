@@ -71,6 +71,8 @@ bad_bucket = st.sampled_from(
     ["Upper", "ab", "under_score", "-edge", "edge-", "a..b", "10.0.0.1", "x" * 64, "xn--a"]
 )
 
+bad_k8s_name = st.sampled_from(["Upper", "under_score", "-edge", "edge-", "sp ace", "a/b", "x" * 254])
+
 INVALID = {
     "dataset_uri": st.one_of(
         st.sampled_from(
@@ -122,6 +124,14 @@ INVALID = {
     ),
     "bucket": st.one_of(bad_bucket, not_a_string),
     "storage_prefix": st.one_of(bad_prefix, not_a_string),  # a leading "/" is stripped, not refused
+    # with num_nodes at its default 1, min_nodes above 1 is out of range too ("1..num_nodes")
+    "min_nodes": st.one_of(int_outside(0, 64), st.integers(2, 64)),
+    "max_restarts": int_outside(0, 100),
+    "checkpoint_every_s": int_outside(0, 86_400),
+    "trainjob_timeout_h": float_outside(0.0, 720.0, lo_open=True),
+    "keep_trainjob": int_outside(0, 1),
+    "service_account": st.one_of(bad_k8s_name, not_a_string),
+    "image_pull_secrets": st.one_of(bad_k8s_name, bad_k8s_name.map(lambda n: "regcred," + n), not_a_string),
 }
 
 # -------------------------------------------------------------------- valid values
@@ -162,6 +172,18 @@ VALID = {
     "model_name": st.from_regex(r"\A[a-z0-9]([a-z0-9._-]{0,20}[a-z0-9])?\Z"),
     "bucket": st.one_of(st.just(""), st.sampled_from(["mlpipeline", "my-bucket", "team.models"])),
     "storage_prefix": st.one_of(st.just(""), safe_key.map(lambda k: k + "/")),
+    "min_nodes": st.integers(0, 1),
+    "max_restarts": st.integers(0, 100),
+    "checkpoint_every_s": st.integers(0, 86_400),
+    "trainjob_timeout_h": st.floats(0.0, 720.0, exclude_min=True),
+    "keep_trainjob": st.integers(0, 1),
+    "service_account": st.one_of(st.just(""), st.from_regex(r"\A[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?\Z")),
+    "image_pull_secrets": st.one_of(
+        st.just(""),
+        st.lists(st.from_regex(r"\A[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?\Z"), min_size=1, max_size=3).map(
+            ",".join
+        ),
+    ),
 }
 
 PARAM_NAMES = [p.name for p in TRAINING_PARAMS]

@@ -90,6 +90,8 @@ class EmbeddedObjectStore:
         access_key: str | None = None,
         secret_key: str | None = None,
         start_timeout_s: float = 60.0,
+        iam_api: bool = False,
+        extra_identities: list[dict] | None = None,
     ):
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="cifar10-kfp-s3-"))
@@ -97,6 +99,11 @@ class EmbeddedObjectStore:
         self.access_key = access_key or "AK" + secrets.token_hex(8).upper()
         self.secret_key = secret_key or secrets.token_urlsafe(30)
         self.start_timeout_s = start_timeout_s
+        # SeaweedFS's IAM API (create users, put user policies) on the S3 port, writable: what the
+        # Kubeflow profile controller uses to give each namespace its own identity. Tests only.
+        self.iam_api = iam_api
+        # More S3 identities beside our admin one, in SeaweedFS's s3.json shape (tests give a scoped one).
+        self.extra_identities = list(extra_identities or [])
         self.ports: dict[str, int] = {}
         self._proc: subprocess.Popen | None = None
         self._log = None
@@ -209,7 +216,8 @@ class EmbeddedObjectStore:
                     "name": "cifar10-kfp",
                     "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
                     "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-                }
+                },
+                *self.extra_identities,
             ]
         }
 
@@ -240,11 +248,16 @@ class EmbeddedObjectStore:
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
             f"-s3.config={s3_config}",
+            f"-s3.iam.readOnly={'false' if self.iam_api else 'true'}",
         ]
 
     def _wait_ready(self) -> None:
-        """Wait until S3 answers and a write to the bucket succeeds."""
-        store = ObjectStore(self.config(CIFAR10_KFP_RETRY_BUDGET_S=2))
+        """Wait until S3 answers and a write to the bucket succeeds.
+
+        Polls with a zero retry budget, so that the expected refusals of a server that is still
+        starting are not logged as transient failures: a healthy start logs no warning.
+        """
+        store = ObjectStore(self.config(CIFAR10_KFP_RETRY_BUDGET_S=0))
         deadline = time.monotonic() + self.start_timeout_s
         last: Exception | None = None
         while time.monotonic() < deadline:

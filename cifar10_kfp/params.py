@@ -131,7 +131,9 @@ TRAINING_PARAMS: tuple[Param, ...] = (
        "Name the model is published under (models/<name>/<version>).", rule.model_name),
     _P("bucket", str, "", "Object-store bucket; empty uses CIFAR10_KFP_BUCKET (default mlpipeline).", rule.bucket),
     _P("storage_prefix", str, "",
-       "Key prefix for everything the pipeline writes; empty uses CIFAR10_KFP_PREFIX (default cifar10-kfp/).",
+       "Key prefix for everything the pipeline writes; empty uses CIFAR10_KFP_PREFIX, else "
+       "private/<namespace>/cifar10-kfp/ in a Kubeflow profile namespace (where its identity may write), "
+       "else cifar10-kfp/.",
        rule.storage_prefix),
 )  # fmt: skip
 

@@ -29,7 +29,7 @@ def download_dataset(
         checksum: ``md5:HEX`` or ``sha256:HEX`` to verify; empty for none (the official URL
             is always checked against its published md5).
         bucket: Object-store bucket; empty for ``CIFAR10_KFP_BUCKET`` (default ``mlpipeline``).
-        storage_prefix: Key prefix; empty for ``CIFAR10_KFP_PREFIX`` (default ``cifar10-kfp/``).
+        storage_prefix: Key prefix; empty for the configured one (``CIFAR10_KFP_PREFIX`` or the namespace's).
         minio_endpoint: The object store's host:port the pipeline was compiled for (checked against
             ``MINIO_ENDPOINT``); an input so that KFP's cache key, which ignores environment variables,
             changes with it.

@@ -150,6 +150,7 @@ def run_local(
     """
     from kfp import local
 
+    from cifar10_kfp.storage import StorageConfig, check_credentials
     from cifar10_kfp_pipelines.catalog import build, resolve
     from cifar10_kfp_pipelines.kfp_compat import exported_local_run_id, named_task_outputs, print_restored
     from cifar10_kfp_pipelines.policy import ClusterPolicy
@@ -165,6 +166,8 @@ def run_local(
     started = time.monotonic()
     error = ""
     with object_store_env(store_data_dir) as store_env:
+        # Refused (strict mode) or warned about (the well-known pair) once, here, before any task starts.
+        check_credentials(StorageConfig.from_env({**os.environ, **store_env}))
         endpoint = store_env["MINIO_ENDPOINT"]
         secure = store_env.get("MINIO_SECURE", "false").lower() in ("1", "true", "yes")
         pipeline_func = build(short, ClusterPolicy.for_local(endpoint, minio_secure=secure), **build_params)

@@ -40,6 +40,8 @@ MINIO_SECRET = "mlpipeline-minio-artifact"  # exists in every KFP namespace
 # secret key -> environment variable read by cifar10_kfp.storage.StorageConfig
 MINIO_SECRET_KEYS = {"accesskey": "MINIO_ACCESS_KEY", "secretkey": "MINIO_SECRET_KEY"}
 
+STRICT_CREDENTIALS_ENV = "CIFAR10_KFP_STRICT_CREDENTIALS"  # read by cifar10_kfp.storage.StorageConfig
+
 # Steps whose outputs are a pure function of their inputs: safe to take from the KFP cache.
 CACHED_STEPS = frozenset({"download", "preprocess"})
 ALL_STEPS = (
@@ -99,6 +101,9 @@ class ClusterPolicy:
     # against the train memory limit.
     train_shm_size: str = "2Gi"
     cached_steps: frozenset[str] = CACHED_STEPS
+    # Refuse the well-known minio/minio123 pair on every task (CIFAR10_KFP_STRICT_CREDENTIALS=1)
+    # instead of accepting it with a warning, which is what a stock standalone KFP needs.
+    strict_credentials: bool = False
 
     def with_cached_steps(self, extra: list[str] | tuple[str, ...]) -> ClusterPolicy:
         """A copy that also caches ``extra`` steps (``compile --cache evaluate``)."""
@@ -172,6 +177,8 @@ class ClusterPolicy:
         )
         task.set_env_variable("MINIO_ENDPOINT", self.minio_endpoint)
         task.set_env_variable("MINIO_SECURE", "true" if self.minio_secure else "false")
+        if self.strict_credentials:
+            task.set_env_variable(STRICT_CREDENTIALS_ENV, "1")
         return task
 
     def gpu_train(self, task, gpu_limit):

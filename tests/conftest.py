@@ -36,7 +36,8 @@ def store_env(embedded_store, monkeypatch, tmp_path) -> ObjectStore:
     env["CIFAR10_KFP_RETRY_BUDGET_S"] = "20"
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.delenv("CIFAR10_KFP_ALLOW_DEV_CREDENTIALS", raising=False)
+    for name in ("CIFAR10_KFP_STRICT_CREDENTIALS", "CIFAR10_KFP_NAMESPACE", "MINIO_REGION"):
+        monkeypatch.delenv(name, raising=False)
     return ObjectStore()
 
 

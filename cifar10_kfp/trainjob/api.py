@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from pathlib import Path
 
 from cifar10_kfp.trainjob.manifest import (
     GROUP,
@@ -22,7 +21,6 @@ from cifar10_kfp.trainjob.manifest import (
 
 log = logging.getLogger(__name__)
 
-SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 CRD_PATH = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{PLURAL}.{GROUP}"
 
 
@@ -61,11 +59,10 @@ def load_kubernetes(host: str = ""):
 
 
 def current_namespace(default: str = "kubeflow") -> str:
-    """The pod's namespace (the KFP profile namespace in multi-user mode)."""
-    try:
-        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or default
-    except OSError:
-        return default
+    """The run's namespace (the KFP profile namespace in multi-user mode), as storage detects it."""
+    from cifar10_kfp.storage import detect_namespace
+
+    return detect_namespace() or default
 
 
 def launcher_pod() -> dict | None:

@@ -56,6 +56,18 @@ DEFAULT_TIMEOUT_H = 24.0  # the launcher's timeout unless the pipeline sets trai
 DEADLINE_MARGIN_S = 600  # activeDeadlineSeconds = the launcher's timeout + this: the launcher acts first
 
 
+def storage_env(config) -> dict[str, str]:
+    """The launcher's own non-secret storage settings, so every node writes where it does, as it does."""
+    env = {
+        "MINIO_REGION": config.region,
+        "CIFAR10_KFP_BUCKET": config.bucket,
+        "CIFAR10_KFP_PREFIX": config.prefix,
+        "CIFAR10_KFP_NAMESPACE": config.namespace,
+        "CIFAR10_KFP_STRICT_CREDENTIALS": "1" if config.strict_credentials else "",
+    }
+    return {key: value for key, value in env.items() if value}
+
+
 def request_for_run(config, *, run_id: str, store, data_uri: str, checkpoint_uri: str, image: str, num_nodes: int,
                     gpus_per_node: int, min_nodes: int = 0, max_restarts: int = 3, timeout_h: float = DEFAULT_TIMEOUT_H,
                     service_account: str = "", image_pull_secrets: str = "", minio_endpoint: str = "",
@@ -69,7 +81,7 @@ def request_for_run(config, *, run_id: str, store, data_uri: str, checkpoint_uri
         name=name, namespace=current_namespace(), image=image, data_uri=data_uri,
         output_uri=store.root_uri("trainjobs", name), checkpoint_uri=checkpoint_uri, config=config.to_dict(),
         num_nodes=num_nodes, gpus_per_node=gpus_per_node, min_nodes=min_nodes, max_restarts=max_restarts,
-        minio_endpoint=minio_endpoint, minio_secure=minio_secure,
+        minio_endpoint=minio_endpoint, minio_secure=minio_secure, storage_env=storage_env(store.config),
         labels={"pipelines.kubeflow.org/run-id": run_id[:63]},
         active_deadline_s=int(timeout_h * 3600) + DEADLINE_MARGIN_S if timeout_h > 0 else 0,
         service_account=service_account.strip(),

@@ -50,6 +50,10 @@ def add_policy_flags(parser: argparse.ArgumentParser) -> None:
         help="object-store host:port the steps use (default seaweedfs.kubeflow:9000)",
     )
     parser.add_argument("--minio-secure", action="store_true", help="the object store speaks TLS")
+    parser.add_argument(
+        "--strict-credentials", action="store_true",
+        help="every step refuses standalone KFP's well-known default credentials (by default: accepted with a warning)",
+    )  # fmt: skip
 
 
 def policy_from_args(args: argparse.Namespace):
@@ -65,6 +69,8 @@ def policy_from_args(args: argparse.Namespace):
         policy = replace(policy, minio_endpoint=args.minio_endpoint)
     if args.minio_secure:
         policy = replace(policy, minio_secure=True)
+    if getattr(args, "strict_credentials", False):
+        policy = replace(policy, strict_credentials=True)
     if getattr(args, "cache", None):
         policy = policy.with_cached_steps(args.cache)
     return policy

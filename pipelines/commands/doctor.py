@@ -71,13 +71,53 @@ def check_secret(api_client, namespace: str) -> Check:
     if status != 200:
         return Check("object-store secret", False, f"secret {namespace}/{MINIO_SECRET} not found", fix)
     missing = sorted(set(MINIO_SECRET_KEYS) - set(secret.get("data") or {}))
-    if missing:  # only the key names are looked at; values are never read out or printed
+    if missing:  # only the key names are looked at; values are never printed
         return Check(
             "object-store secret", False, f"secret {namespace}/{MINIO_SECRET} lacks key(s) {missing}", fix
         )
+    if _holds_well_known_pair(secret["data"]):
+        return Check("object-store secret", False,
+                     f"secret {namespace}/{MINIO_SECRET} holds standalone KFP's well-known default pair: runs "
+                     "work (with a warning) but anyone can guess it",
+                     f"rotate it in the object store and in {namespace}/{MINIO_SECRET}; compile with "
+                     "--strict-credentials to refuse it", required=False)  # fmt: skip
     return Check(
         "object-store secret", True, f"secret {namespace}/{MINIO_SECRET} has accesskey and secretkey"
     )
+
+
+def _holds_well_known_pair(data: dict) -> bool:
+    """Compared, never printed: is the secret standalone KFP's default pair?"""
+    import base64
+
+    from cifar10_kfp.storage import WELL_KNOWN_DEV_CREDENTIALS
+
+    try:
+        pair = tuple(base64.b64decode(data[key]).decode() for key in ("accesskey", "secretkey"))
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return pair == WELL_KNOWN_DEV_CREDENTIALS
+
+
+def check_storage_access(env: dict[str, str] | None = None) -> list[Check]:
+    """Put, get, list and delete a small object under the real prefix, with this shell's MINIO_* settings."""
+    from cifar10_kfp.storage import ObjectStore, StorageConfig, StorageError
+    from cifar10_kfp.storage.probe import probe_access
+
+    config = StorageConfig.from_env(env)
+    if not (config.endpoint and config.access_key and config.secret_key):
+        return [Check("object-store access", False, "not probed: MINIO_ENDPOINT, MINIO_ACCESS_KEY and "
+                      "MINIO_SECRET_KEY are not all set in this shell",
+                      "export them (e.g. from a port-forward of the object store and the namespace's "
+                      "mlpipeline-minio-artifact secret), or run doctor inside the cluster", required=False)]  # fmt: skip
+    where = f"s3://{config.bucket}/{config.prefix} (namespace {config.namespace or 'unknown'})"
+    try:
+        results = probe_access(ObjectStore(config))
+    except StorageError as exc:  # refused before any request, e.g. strict mode and the well-known pair
+        return [Check("object-store access", False, str(exc))]
+    return [Check(f"object-store {r.operation}", r.ok, r.detail if r.ok else f"{where}: {r.detail}",
+                  "use a prefix this identity may write (see the message), or fix the identity's policy")
+            for r in results]  # fmt: skip
 
 
 def check_gpus(api_client) -> Check:
@@ -163,6 +203,7 @@ def diagnose(api_client, args: argparse.Namespace) -> list[Check]:
         check_gpus(api_client),
         check_object_store(api_client, args.minio_endpoint or DEFAULT_MINIO_ENDPOINT),
         check_trainer(api_client, args.num_nodes),
+        *check_storage_access(),
     ]
 
 

@@ -27,7 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--bucket", default="", help="object-store bucket (default: CIFAR10_KFP_BUCKET or mlpipeline)"
     )
     parser.add_argument(
-        "--prefix", default="", help="key prefix (default: CIFAR10_KFP_PREFIX or cifar10-kfp/)"
+        "--prefix",
+        default="",
+        help="key prefix (default: CIFAR10_KFP_PREFIX, private/<namespace>/cifar10-kfp/ or cifar10-kfp/)",
     )
     parser.add_argument("--service-account", default=None, help="serviceAccountName in the KServe manifest")
     parser.add_argument(

@@ -484,3 +484,15 @@ def test_job_steps_run_in_order_and_a_retried_pod_resumes(
     run_step("train")
     resumed = json.loads((volumes["/outputs"] / "metrics.json").read_text())
     assert resumed["resumed_from_epoch"] == first["epochs"] == 1
+
+
+def test_the_profile_job_overlay_writes_where_that_namespaces_identity_may():
+    """Multi-user Kubeflow: a profile's identity writes only below private/<namespace>/ and a few shared
+    prefixes (pipelines-profile-controller/sync.py); the overlay's prefix is the pipeline runs' default there."""
+    from cifar10_kfp.storage import default_prefix
+
+    overlay = yaml.safe_load((DEPLOY / "overlays" / "profile-train-job" / "kustomization.yaml").read_text())
+    assert overlay["resources"] == ["../../train-job"]
+    (patch,) = yaml.safe_load(overlay["patches"][0]["patch"])
+    assert patch["path"] == "/data/CIFAR10_KFP_PREFIX"
+    assert patch["value"] == default_prefix(overlay["namespace"]) == f"private/{overlay['namespace']}/cifar10-kfp/"

@@ -330,14 +330,14 @@ def test_dockerignore_keeps_local_state_out_and_the_sources_in():
         "notebooks/experiments.ipynb",
         "deploy/object-store-secret.yaml",
         ".env",
-        "cifar10_kfp/__pycache__/storage.cpython-311.pyc",
+        "cifar10_kfp/storage/__pycache__/store.cpython-311.pyc",
         "cifar10_kfp.egg-info/PKG-INFO",
     ):
         assert _excluded(path, patterns), f"{path} would be sent to the Docker daemon"
     for path in (
         "pyproject.toml",
         "README.md",
-        "cifar10_kfp/storage.py",
+        "cifar10_kfp/storage/store.py",
         "components/image.py",
         "pipelines/cli.py",
     ):
@@ -397,7 +397,7 @@ def test_builder_stage_builds_a_wheel_whose_dependencies_are_the_requirements(tm
     assert {
         "cifar10_kfp_components/image.py",
         "cifar10_kfp_pipelines/cli.py",
-        "cifar10_kfp/storage.py",
+        "cifar10_kfp/storage/store.py",
     } <= names
     assert not any(n.startswith("tests/") for n in names)
     assert re.search(r"^cifar10-kfp\s*=\s*cifar10_kfp_pipelines\.cli:main$", entry_points, re.MULTILINE)

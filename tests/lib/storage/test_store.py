@@ -140,14 +140,6 @@ def test_wrong_credentials_give_a_clear_error(embedded_store):
     assert "definitely-wrong" not in str(err.value)
 
 
-def test_well_known_credentials_are_refused_without_dev_flag():
-    env = {"MINIO_ENDPOINT": "127.0.0.1:9", "MINIO_ACCESS_KEY": "minio", "MINIO_SECRET_KEY": "minio123"}
-    with pytest.raises(CredentialsError, match="well-known default credentials"):
-        ObjectStore(StorageConfig.from_env(env)).client  # noqa: B018 - building the client is the check
-    allowed = StorageConfig.from_env({**env, "CIFAR10_KFP_ALLOW_DEV_CREDENTIALS": "1"})
-    assert ObjectStore(allowed).client is not None
-
-
 def test_missing_configuration_is_explained():
     with pytest.raises(StorageError, match="MINIO_ENDPOINT"):
         ObjectStore(StorageConfig()).get_bytes("s3://mlpipeline/x")

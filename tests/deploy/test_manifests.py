@@ -495,4 +495,8 @@ def test_the_profile_job_overlay_writes_where_that_namespaces_identity_may():
     assert overlay["resources"] == ["../../train-job"]
     (patch,) = yaml.safe_load(overlay["patches"][0]["patch"])
     assert patch["path"] == "/data/CIFAR10_KFP_PREFIX"
-    assert patch["value"] == default_prefix(overlay["namespace"]) == f"private/{overlay['namespace']}/cifar10-kfp/"
+    assert (
+        patch["value"]
+        == default_prefix(overlay["namespace"])
+        == f"private/{overlay['namespace']}/cifar10-kfp/"
+    )

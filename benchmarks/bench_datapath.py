@@ -5,7 +5,7 @@ uint8 on the device, reflect-padded once (and mirrored, for flips) by ``TrainBat
 epoch one permutation, flip mask and shift table drawn from the epoch's generator, turned into
 window rows for the whole epoch; per step one ``index_select`` of the batch's windows (the
 translate and flip are in which window is read) and float conversion + normalisation
-(``Normalizer``), channels_last as the ``cpu`` and ``fast`` presets train.
+(``inference.Normalize``), channels_last as the ``cpu`` and ``fast`` presets train.
 
 The original recipe: ``torchvision.datasets.CIFAR10(transform=Compose([Resize((32, 32)),
 ToTensor()]))`` behind ``DataLoader(batch_size=64, shuffle=True)`` (its default
@@ -71,20 +71,21 @@ def our_images_per_s(dataset, preset: str, limit: int, repeats: int, device: tor
     """One epoch (or ``limit`` images) of our input path with the preset's batch and augmentations.
 
     Exactly the engine's path: ``TrainBatches.epoch`` (the epoch's permutation, flips and
-    shifts, one window gather per batch) and ``Normalizer``; the one-off padding of the split
+    shifts, one window gather per batch) and ``inference.Normalize``; the one-off padding of the split
     is timed separately (``setup_s``), as training pays it once per run, not per epoch.
     """
     import time
 
-    from cifar10_kfp.augment import Normalizer, training_batches
+    from cifar10_kfp.augment import training_batches
     from cifar10_kfp.config import make_config
+    from cifar10_kfp.inference import Normalize
 
     config = make_config(preset, {})
     n = min(limit, len(dataset.train_labels))
     t0 = time.perf_counter()
     batches = training_batches(dataset.train_images[:n], dataset.train_labels[:n], config, device)
     setup_s = time.perf_counter() - t0
-    normalizer = Normalizer(dataset.mean, dataset.std, device, channels_last=config.channels_last)
+    normalizer = Normalize(dataset.mean, dataset.std, device, channels_last=config.channels_last)
     batch_size = min(config.batch_size, n)
     epoch = [0]
 
@@ -124,14 +125,15 @@ def stage_costs(dataset, preset: str, device: torch.device) -> dict:
     """
     import time
 
-    from cifar10_kfp.augment import Normalizer, training_batches
+    from cifar10_kfp.augment import training_batches
     from cifar10_kfp.config import make_config
+    from cifar10_kfp.inference import Normalize
 
     config = make_config(preset, {})
     batches = training_batches(dataset.train_images, dataset.train_labels, config, device)
     batch = min(config.batch_size, len(batches))
     steps = len(batches) // batch
-    normalizer = Normalizer(dataset.mean, dataset.std, device, channels_last=config.channels_last)
+    normalizer = Normalize(dataset.mean, dataset.std, device, channels_last=config.channels_last)
     rows, _ = batches.epoch_plan(config.seed, 0, batch)
     kept = [batches.gather(rows[i * batch : (i + 1) * batch]) for i in range(min(steps, 8))]
 

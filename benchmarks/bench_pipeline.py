@@ -132,10 +132,10 @@ def _library_steps(params: dict, workdir: Path) -> dict:
         )
     with timed("evaluate"):
         evaluation = evaluate_model(
-            result.model_dir, data_path, tta=config.tta, history_path=result.output_dir / "history.json"
+            result.model_dir, data_path, history_path=result.output_dir / "history.json"
         )
         write_outputs(evaluation, workdir / "evaluate")
-    accuracy = evaluation.accuracy_tta if evaluation.accuracy_tta is not None else evaluation.accuracy
+    accuracy = evaluation.accuracy  # the headline, as served (flip TTA)
     with timed("gate"):
         decision = run_gate(
             accuracy, data_path, min_accuracy=p["min_accuracy"], model_name=p["model_name"], store=store

@@ -115,11 +115,12 @@ def loop_overhead(preset: str, data_path: Path, *, steps: int = 40, repeats: int
     import torch
     import torch.nn.functional as F
 
-    from cifar10_kfp.augment import Normalizer, training_batches
+    from cifar10_kfp.augment import training_batches
     from cifar10_kfp.config import make_config
     from cifar10_kfp.data.format import load_prepared
     from cifar10_kfp.distributed import Runtime
     from cifar10_kfp.engine import train_one_epoch
+    from cifar10_kfp.inference import Normalize
     from cifar10_kfp.models import build_model
     from cifar10_kfp.training_state import EpochSums, LinearSchedule, ModelEMA, TrainingState
 
@@ -129,7 +130,7 @@ def loop_overhead(preset: str, data_path: Path, *, steps: int = 40, repeats: int
     batch = config.batch_size
     n = batch * steps
     data = training_batches(ds.train_images[:n], ds.train_labels[:n], config, device)
-    normalizer = Normalizer(ds.mean, ds.std, device, channels_last=config.channels_last)
+    normalizer = Normalize(ds.mean, ds.std, device, channels_last=config.channels_last)
     memory_format = torch.channels_last if config.channels_last else torch.preserve_format
     net = build_model(config.architecture, ds.num_classes, ds.image_size, **config.model_config())
     net = net.to(device=device, memory_format=memory_format)

@@ -3,8 +3,9 @@
 * ``TrainBatches`` (built by ``training_batches``): the training split on the device as uint8,
   padded once so that each augmented batch (random translate + flip) is a single gather of
   precomputed windows;
-* ``DeviceData``: an evaluation split on the device, as it is;
-* ``Normalizer``: uint8 to float, normalised in the training memory format.
+* ``DeviceData``: an evaluation split on the device, as it is.
+
+The normalisation to float is ``cifar10_kfp.inference.Normalize``, shared with evaluation and serving.
 
 No per-image Python, no PIL. Random numbers come from an explicit ``torch.Generator`` seeded by
 (seed, epoch), so the data order and augmentations are a pure function of the seed, the epoch and
@@ -239,39 +240,3 @@ def training_batches(
         flip=config.flip,
         channels_last=config.channels_last,
     )
-
-
-class Normalizer:
-    """uint8 N x 3 x H x W -> float, (x/255 - mean) / std, in the training dtype and memory format."""
-
-    def __init__(self, mean, std, device: torch.device, channels_last: bool = False):
-        self.scale = (1.0 / (255.0 * torch.tensor(std, dtype=torch.float32, device=device))).view(1, -1, 1, 1)
-        self.shift = (-torch.tensor(mean, dtype=torch.float32, device=device)).view(1, -1, 1, 1)
-        self.shift = self.shift / torch.tensor(std, dtype=torch.float32, device=device).view(1, -1, 1, 1)
-        self.channels_last = channels_last
-        self._expanded: dict = {}
-
-    def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        # Two vectorised passes over a fresh buffer in the training memory format: a plain
-        # uint8 -> float copy, then an in-place multiply-add with scale and shift laid out like
-        # the batch, so every operand streams contiguously. (One addcmul straight from uint8
-        # casts per element, and per-channel constants broadcast over NHWC defeat
-        # vectorisation: each measured 2-5x slower on the CPU.) Fresh each call: autograd keeps
-        # the previous batch alive for the backward pass.
-        memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
-        out = torch.empty(
-            images.shape, dtype=torch.float32, device=images.device, memory_format=memory_format
-        )
-        out.copy_(images)
-        scale, shift = self._constants(tuple(images.shape[1:]), memory_format)
-        return torch.addcmul(shift, out, scale, out=out)
-
-    def _constants(self, image_shape: tuple, memory_format) -> tuple[torch.Tensor, torch.Tensor]:
-        """scale and shift expanded to one whole image in ``memory_format`` (cached per shape)."""
-        key = (image_shape, memory_format)
-        if key not in self._expanded:
-            self._expanded[key] = tuple(
-                t.expand(1, *image_shape).contiguous(memory_format=memory_format)
-                for t in (self.scale, self.shift)
-            )
-        return self._expanded[key]

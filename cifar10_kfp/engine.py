@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cifar10_kfp.augment import DeviceData, Normalizer, TrainBatches, training_batches
+from cifar10_kfp.augment import DeviceData, TrainBatches, training_batches
 from cifar10_kfp.config import TrainConfig
 from cifar10_kfp.distributed import (
     Rendezvous,
@@ -46,6 +46,7 @@ from cifar10_kfp.distributed import (
     setup_runtime,
     teardown,
 )
+from cifar10_kfp.inference import Normalize, predict
 from cifar10_kfp.training_outputs import (
     METRICS_FILE,
     MODEL_SUBDIR,
@@ -146,7 +147,7 @@ class RunData:
     train: TrainBatches
     eval: DeviceData
     eval_split: str
-    normalizer: Normalizer
+    normalizer: Normalize
     batch_size: int  # global images per step
     steps_per_epoch: int
 
@@ -164,7 +165,7 @@ def load_run_data(config: TrainConfig, data: str, runtime: Runtime) -> RunData:
     eval_data = DeviceData.from_numpy(*dataset.split(eval_split), device)
     if len(eval_data) == 0:
         raise ValueError(f"the {eval_split!r} split of {data} is empty: nothing to evaluate on")
-    normalizer = Normalizer(dataset.mean, dataset.std, device, channels_last=config.channels_last)
+    normalizer = Normalize(dataset.mean, dataset.std, device, channels_last=config.channels_last)
     batch_size = global_batch_size(config, len(train_data), runtime.world_size)
     return RunData(
         dataset, train_data, eval_data, eval_split, normalizer, batch_size, len(train_data) // batch_size
@@ -177,7 +178,7 @@ def load_run_data(config: TrainConfig, data: str, runtime: Runtime) -> RunData:
 def train_one_epoch(
     state: TrainingState,
     data: TrainBatches,
-    normalizer: Normalizer,
+    normalizer: Normalize,
     config: TrainConfig,
     batch_size: int,
     runtime: Runtime,
@@ -238,13 +239,13 @@ def train_one_epoch(
 def evaluate(
     model: nn.Module,
     data: DeviceData,
-    normalizer: Normalizer,
+    normalizer: Normalize,
     *,
     batch_size: int = 1024,
     tta: bool = False,
     autocast=None,
 ) -> dict:
-    """Mean cross-entropy and accuracy on a split; with ``tta`` the logits of x and flip(x) are averaged."""
+    """Mean cross-entropy and accuracy on a split, of ``inference.predict`` (``tta``: flip TTA as served)."""
     model.eval()
     loss_sum = torch.zeros((), device=data.labels.device, dtype=torch.float64)
     correct = torch.zeros((), device=data.labels.device, dtype=torch.long)
@@ -252,9 +253,7 @@ def evaluate(
         inputs = normalizer(data.images[lo : lo + batch_size])
         targets = data.labels[lo : lo + batch_size]
         with autocast or contextlib.nullcontext():
-            logits = model(inputs).float()
-            if tta:
-                logits = (logits + model(inputs.flip(-1)).float()) / 2
+            logits = predict(model, inputs, tta=tta)
         loss_sum += F.cross_entropy(logits, targets, reduction="sum").double()
         correct += (logits.argmax(dim=1) == targets).sum()
     n = max(1, len(data))

@@ -85,7 +85,7 @@ def storage_prefix(value: str) -> str | None:
 
 
 def model_name(value: str) -> str | None:
-    from cifar10_kfp.publish import validate_model_name  # the registry owns its name rule
+    from cifar10_kfp.registry import validate_model_name  # the registry owns its name rule
 
     try:
         validate_model_name(value)

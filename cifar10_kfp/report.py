@@ -152,6 +152,10 @@ def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.2f}%"
 
 
+def _served(result) -> str:
+    return " (as served, flip TTA)" if getattr(result, "tta", False) else " (single view)"
+
+
 def render_html(result, title: str = "Model evaluation report") -> str:
     """The full report for an ``EvalResult`` as one self-contained HTML document."""
     parts = [
@@ -161,8 +165,8 @@ def render_html(result, title: str = "Model evaluation report") -> str:
         f"<title>{_esc(title)}</title><style>{_STYLE}</style></head><body>",
         f"<h1>{_esc(title)}</h1>",
         '<div id="summary">',
-        f'<div class="kpi">test accuracy<b>{_pct(result.accuracy)}</b></div>',
-        f'<div class="kpi">flip-TTA accuracy<b>{_pct(result.accuracy_tta)}</b></div>',
+        f'<div class="kpi">test accuracy{_served(result)}<b>{_pct(result.accuracy)}</b></div>',
+        f'<div class="kpi">single view<b>{_pct(result.accuracy_plain)}</b></div>',
         f'<div class="kpi">test loss<b>{result.loss:.4f}</b></div>',
         f'<div class="kpi">macro F1<b>{result.macro_f1:.4f}</b></div>',
         f'<div class="kpi">test images<b>{result.num_examples}</b></div>',
@@ -232,8 +236,8 @@ def render_markdown(result) -> str:
         "",
         "| metric | value |",
         "|---|---|",
-        f"| test accuracy | {_pct(result.accuracy)} |",
-        f"| flip-TTA accuracy | {_pct(result.accuracy_tta)} |",
+        f"| test accuracy{_served(result)} | {_pct(result.accuracy)} |",
+        f"| single view (no flip) | {_pct(result.accuracy_plain)} |",
         f"| test loss | {result.loss:.4f} |",
         f"| macro F1 | {result.macro_f1:.4f} |",
         f"| test images | {result.num_examples} |",

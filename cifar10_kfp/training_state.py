@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from cifar10_kfp.augment import Normalizer
 from cifar10_kfp.checkpoint import (
     CheckpointClock,
     CheckpointManager,
@@ -32,6 +31,7 @@ from cifar10_kfp.checkpoint import (
 )
 from cifar10_kfp.config import TrainConfig
 from cifar10_kfp.distributed import Runtime
+from cifar10_kfp.inference import Normalize
 from cifar10_kfp.models import build_model
 
 log = logging.getLogger(__name__)
@@ -163,7 +163,7 @@ def build_model_for(config: TrainConfig, dataset, device: torch.device) -> nn.Mo
         pick = torch.randperm(len(dataset.train_labels), generator=generator)
         pick = pick[: config.whiten_samples].sort().values.numpy()
         sample = torch.from_numpy(dataset.train_images[pick])
-        net.init_whitening(Normalizer(dataset.mean, dataset.std, torch.device("cpu"))(sample))
+        net.init_whitening(Normalize(dataset.mean, dataset.std, torch.device("cpu"))(sample))
     memory_format = torch.channels_last if config.channels_last else torch.preserve_format
     return net.to(device=device, memory_format=memory_format)
 

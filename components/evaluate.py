@@ -30,14 +30,16 @@ def evaluate_model(
         model: Model directory (``model.safetensors`` + ``model.json``).
         dataset: Prepared dataset file (``dataset.safetensors``).
         history: The training history (``history.json``) for the loss and accuracy curves.
-        tta: Also report accuracy with horizontal-flip test-time augmentation.
-        metrics: Scalar metrics: accuracy, accuracy_tta, loss, macro_f1, num_examples.
+        tta: Evaluate as the published model serves: the mean of the logits of each image and of
+            its horizontal flip (true in the pipelines). False measures a single forward pass.
+        metrics: Scalar metrics: accuracy (the headline, as served), accuracy_plain (single view),
+            loss, macro_f1, num_examples.
         classification_metrics: The confusion matrix with the class names.
         report: The self-contained HTML report.
         summary: A short Markdown summary.
 
     Returns:
-        test_accuracy: Top-1 accuracy on the plain test images (what the publish gate uses).
+        test_accuracy: The headline top-1 accuracy, as served (what the publish gate uses).
     """
     import os
     from collections import namedtuple

@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from cifar10_kfp.augment import (
-    Normalizer,
     TrainBatches,
     epoch_generator,
     random_flip_mask,
     random_shifts,
     rank_share,
 )
+from cifar10_kfp.inference import Normalize
 
 
 def reference_reflect(index: torch.Tensor, size: int) -> torch.Tensor:
@@ -226,7 +226,7 @@ def test_random_draws_are_unchanged():
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_normalizer_is_bit_identical_to_the_reference(channels_last):
     mean, std = [0.4914, 0.4822, 0.4465], [0.247, 0.2435, 0.2616]
-    normalizer = Normalizer(mean, std, torch.device("cpu"), channels_last=channels_last)
+    normalizer = Normalize(mean, std, torch.device("cpu"), channels_last=channels_last)
     images = _batch(50, 32, 32, seed=4)
     shifts = random_shifts(50, 2, epoch_generator(0, 1))
     nhwc = _augmented(images, shifts=shifts, channels_last=True)  # what TrainBatches hands over

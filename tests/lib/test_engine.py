@@ -8,10 +8,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from cifar10_kfp.augment import Normalizer, TrainBatches, epoch_generator, random_shifts
+from cifar10_kfp.augment import TrainBatches, epoch_generator, random_shifts
 from cifar10_kfp.config import make_config
 from cifar10_kfp.data.format import save_prepared
 from cifar10_kfp.engine import default_checkpoint_uri, train
+from cifar10_kfp.inference import Normalize
 from cifar10_kfp.models import load_model
 from cifar10_kfp.training_outputs import ProgressPrinter
 from cifar10_kfp.training_state import LinearSchedule
@@ -55,7 +56,7 @@ def test_flip_mirrors_only_selected_images():
 def test_normalizer_matches_the_formula():
     images = torch.randint(0, 256, (4, 3, 5, 5), dtype=torch.uint8)
     mean, std = [0.4, 0.5, 0.6], [0.2, 0.25, 0.3]
-    out = Normalizer(mean, std, torch.device("cpu"))(images)
+    out = Normalize(mean, std, torch.device("cpu"))(images)
     expected = (images.float() / 255 - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(
         1, 3, 1, 1
     )

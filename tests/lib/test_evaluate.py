@@ -18,7 +18,7 @@ from cifar10_kfp.evaluate import (
     predict_logits,
     write_outputs,
 )
-from tests.support.models import LABELS, LOGITS, lookup_case
+from tests.support.models import FLIPPED_IDS, LABELS, LOGITS, lookup_case
 
 
 def test_confusion_matrix_and_per_class_metrics_match_hand_computation():
@@ -39,30 +39,35 @@ def test_zero_division_counts_as_zero_and_bad_labels_are_named():
         confusion_matrix(np.array([0]), np.array([3]), 2)
 
 
+def _nll(logits, label):
+    return -(logits[label] - math.log(sum(math.exp(v) for v in logits)))
+
+
 def test_evaluate_loaded_matches_hand_computed_accuracy_loss_and_tta():
     model, info, images, labels = lookup_case()
     result = evaluate_loaded(
         model, info, images, labels, info.class_names, tta=True, batch_size=4, device="cpu"
     )
+    # As served: the mean of the logits of each image and of its flip. Image 1 is rescued by its
+    # flipped view (id 6), every other image looks the same flipped.
+    served = [[(a + b) / 2 for a, b in zip(LOGITS[i], LOGITS[j])] for i, j in enumerate(FLIPPED_IDS)]
+    assert result.tta and result.accuracy == pytest.approx(5 / 6)
+    assert result.accuracy_plain == pytest.approx(4 / 6)
+    assert result.loss == pytest.approx(sum(_nll(served[i], LABELS[i]) for i in range(6)) / 6, rel=1e-5)
+    assert result.confusion_matrix == [[2, 0, 0], [0, 2, 0], [1, 0, 1]]
+    assert result.macro_f1 == pytest.approx((0.8 + 1.0 + 2 / 3) / 3)
+    assert [(m["index"], m["true"], m["predicted"]) for m in result.misclassified] == [(4, "c", "a")]
+    assert result.misclassified_images.shape == (1, 3, 4, 4)
+    assert result.scalars()["accuracy"] == result.accuracy and "accuracy_plain" in result.scalars()
 
-    def nll(logits, label):
-        return -(logits[label] - math.log(sum(math.exp(v) for v in logits)))
-
-    expected_loss = sum(nll(LOGITS[i], LABELS[i]) for i in range(6)) / 6
-    assert result.accuracy == pytest.approx(4 / 6)
-    assert result.accuracy_tta == pytest.approx(5 / 6)  # image 1 is rescued by its flipped view
-    assert result.loss == pytest.approx(expected_loss, rel=1e-5)
-    assert result.confusion_matrix == [[1, 1, 0], [0, 2, 0], [1, 0, 1]]
-    assert result.macro_f1 == pytest.approx((0.5 + 0.8 + 2 / 3) / 3)
-    assert [(m["index"], m["true"], m["predicted"]) for m in result.misclassified] == [
+    single = evaluate_loaded(model, info, images, labels, info.class_names, tta=False, device="cpu")
+    assert not single.tta and single.accuracy == single.accuracy_plain == pytest.approx(4 / 6)
+    assert single.loss == pytest.approx(sum(_nll(LOGITS[i], LABELS[i]) for i in range(6)) / 6, rel=1e-5)
+    assert single.confusion_matrix == [[1, 1, 0], [0, 2, 0], [1, 0, 1]]
+    assert [(m["index"], m["true"], m["predicted"]) for m in single.misclassified] == [
         (1, "a", "b"),
         (4, "c", "a"),
     ]
-    assert result.misclassified_images.shape == (2, 3, 4, 4)
-    assert "accuracy_tta" in result.scalars()
-
-    no_tta = evaluate_loaded(model, info, images, labels, info.class_names, tta=False, device="cpu")
-    assert no_tta.accuracy_tta is None and "accuracy_tta" not in no_tta.scalars()
 
 
 def test_evaluate_refuses_a_model_for_other_classes_or_sizes():

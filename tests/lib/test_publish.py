@@ -10,19 +10,12 @@ import pytest
 import torch
 import yaml
 
+from cifar10_kfp.bundle import TORCHSCRIPT_FILE
 from cifar10_kfp.data.format import load_prepared
+from cifar10_kfp.inference import predict
 from cifar10_kfp.models import ModelInfo, build_model, save_model
-from cifar10_kfp.publish import (
-    CARD_JSON,
-    TORCHSCRIPT_FILE,
-    PublishError,
-    gate_decision,
-    latest_version,
-    list_versions,
-    make_version,
-    publish_model,
-    run_gate,
-)
+from cifar10_kfp.publish import gate_decision, publish_model, run_gate
+from cifar10_kfp.registry import CARD_JSON, PublishError, latest_version, list_versions, make_version
 from cifar10_kfp.serving import load_published
 from cifar10_kfp.storage import ObjectStore, join_uri
 from tests.support.models import train_tiny_model
@@ -196,7 +189,7 @@ def test_torchscript_takes_raw_uint8_and_matches_eager(store_env, good_model_dir
     model, preprocess = load_published(published.uri, store=store_env)
     raw = torch.from_numpy(dataset.test_images[:64])
     with torch.no_grad():
-        eager = model(preprocess(raw))
+        eager = predict(model, preprocess(raw))  # as served: flip TTA
         out = scripted(raw)
     assert out.shape == (64, dataset.num_classes)
     torch.testing.assert_close(out, eager, atol=1e-4, rtol=1e-4)

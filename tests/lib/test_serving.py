@@ -13,7 +13,7 @@ from PIL import Image
 
 from cifar10_kfp.models import ModelInfo, build_model, save_model
 from cifar10_kfp.publish import publish_model
-from cifar10_kfp.serving import Preprocess, inference_service_manifest, load_published, serving_name
+from cifar10_kfp.serving import Preprocess, load_published
 
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
@@ -111,12 +111,3 @@ def test_cli_predict_on_real_images(published_tiny, real_images, capsys):
     for rank, line in enumerate(lines[1:], 1):
         match = re.fullmatch(rf"  {rank}\. (\w+) +(0\.\d{{4}}|1\.0000)", line)
         assert match and match.group(1) in CIFAR10_CLASSES
-
-
-def test_serving_name_and_manifest_without_credentials():
-    assert serving_name("cifar10_resnet.v2") == "cifar10-resnet-v2"
-    assert serving_name("9lives") == "m-9lives"
-    manifest = inference_service_manifest("cifar10", "s3://b/p/models/cifar10/v1/triton", namespace="ml")
-    assert manifest["metadata"]["namespace"] == "ml"
-    assert manifest["spec"]["predictor"]["serviceAccountName"] == "cifar10-kfp-serving"
-    assert manifest["spec"]["predictor"]["model"]["storageUri"] == "s3://b/p/models/cifar10/v1/triton"

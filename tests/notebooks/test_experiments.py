@@ -12,12 +12,12 @@ import ast
 import json
 import os
 import re
-from pathlib import Path
 
 import nbformat
 import pytest
 
 from tests.support.paths import ROOT
+
 NOTEBOOK = ROOT / "notebooks" / "experiments.ipynb"
 CREDENTIAL_PATTERNS = [
     re.compile(p, re.IGNORECASE)
@@ -259,5 +259,24 @@ def test_notebook_runs_end_to_end_on_the_embedded_store(real_archive, tmp_path, 
 
     images = [o for cell in nb.cells for o in cell.get("outputs", []) if "image/png" in o.get("data", {})]
     assert len(images) >= 4, "accuracy per epoch, per-class accuracy, run comparison and predictions plots"
+    for output in images:  # each plot really rendered: a decodable PNG with drawn content, not an empty canvas
+        _assert_rendered_plot(output["data"]["image/png"])
     # The committed file is untouched by the run.
     assert all(not c.get("outputs") for c in _notebook().cells if c.cell_type == "code")
+
+
+def _assert_rendered_plot(png_base64: str) -> None:
+    """A PNG that decodes, has a plot's size and holds more than a background (axes, lines, bars, text)."""
+    import base64
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(base64.b64decode(png_base64)))
+    image.load()
+    assert image.width >= 100 and image.height >= 100, f"plot too small: {image.size}"
+    pixels = np.asarray(image.convert("RGB")).reshape(-1, 3)
+    background = np.all(pixels == pixels[0], axis=1).mean()
+    assert background < 0.98, f"the plot is {background:.1%} background: nothing was drawn"
+    assert len(np.unique(pixels, axis=0)) > 8, "too few colours for a rendered plot"

@@ -293,6 +293,11 @@ BENCHMARKS: dict[str, tuple[str, str, Callable[[BenchContext], dict]]] = {
         "checkpoint and dataset throughput: embedded S3 server vs local disk",
         _mine("benchmarks.bench_storage"),
     ),
+    "attribution": (
+        "Attribution maps",
+        "seconds for the report's Integrated Gradients grid vs evaluating the test split, on the CPU",
+        _mine("benchmarks.bench_attribution"),
+    ),
     "pipeline": (
         "Pipeline overhead",
         "`run-local` (kfp.local) end to end vs the same steps as library calls in one process",

@@ -31,6 +31,7 @@ from cifar10_kfp.inference import SERVED_TTA, Normalize, predict
 
 log = logging.getLogger(__name__)
 
+ATTRIBUTION_PER_CLASS = 2  # correct and misclassified images per class in the report's attribution grid
 MAX_MISCLASSIFIED = 32  # images kept for the report grid: enough to see patterns, small enough for the UI
 
 
@@ -54,11 +55,15 @@ class EvalResult:
     dataset_summary: dict = field(default_factory=dict)  # sizes, digest, test counts per class
     # uint8 [K, 3, H, W] images of ``misclassified``, for the report only (not serialized)
     misclassified_images: np.ndarray | None = field(default=None, repr=False)
+    # attribution maps of a grid of test images (cifar10_kfp.attribution), for the report only
+    attribution: object | None = field(default=None, repr=False)
+    attribution_note: str = ""  # why there are no maps, when there are none
 
     def metrics(self) -> dict:
         """The JSON-serializable part: what ``metrics.json`` holds."""
         out = asdict(self)
         out.pop("misclassified_images")
+        out.pop("attribution")
         return out
 
     def scalars(self) -> dict[str, float]:
@@ -159,11 +164,14 @@ def evaluate_loaded(
     batch_size: int = 512,
     device: torch.device | str | None = None,
     max_misclassified: int = MAX_MISCLASSIFIED,
+    attribution_per_class: int = ATTRIBUTION_PER_CLASS,
 ) -> EvalResult:
     """Evaluate an in-memory model (``info`` is its ``ModelInfo``) on uint8 images and labels.
 
     ``tta`` (default: as a published model serves) makes ``accuracy``, the loss, the confusion
     matrix and the misclassified images those of the flip-TTA predictions.
+    ``attribution_per_class`` correct and as many misclassified images per class get attribution
+    maps for the report (0: none).
     """
     check_compatible(info, class_names, int(images.shape[-1]))
     if len(labels) == 0:
@@ -191,6 +199,8 @@ def evaluate_loaded(
         }
         for i in wrong
     ]
+    grid, note = _attribution(model, info, images, labels, predictions, class_names, attribution_per_class,
+                              device=device, tta=tta)  # fmt: skip
     return EvalResult(
         accuracy=float((predictions == labels_t).float().mean()),
         accuracy_plain=float((plain.argmax(dim=1) == labels_t).float().mean()),
@@ -203,7 +213,24 @@ def evaluate_loaded(
         confusion_matrix=matrix.tolist(),
         misclassified=misclassified,
         misclassified_images=np.asarray(images[wrong]) if len(wrong) else None,
+        attribution=grid,
+        attribution_note=note,
     )
+
+
+def _attribution(model, info, images, labels, predictions, class_names, per_class, *, device, tta):
+    """``(AttributionGrid or None, why not)``: a model Captum cannot differentiate gets a note, not an error."""
+    from cifar10_kfp.attribution import attribution_grid
+
+    if per_class <= 0:
+        return None, "attribution maps were not requested"
+    try:
+        grid = attribution_grid(model, info, images, labels, predictions.numpy(), class_names, per_class=per_class,
+                                device=device or default_device(), tta=tta)  # fmt: skip
+    except RuntimeError as exc:  # e.g. a model whose output does not depend differentiably on its input
+        log.warning("no attribution maps: %s", exc)
+        return None, f"attribution maps could not be computed: {exc}"
+    return grid, "" if grid is not None else "no test images to explain"
 
 
 def spread_over_classes(indices: np.ndarray, labels: np.ndarray, limit: int) -> np.ndarray:

@@ -192,6 +192,8 @@ def render_html(result, title: str = "Model evaluation report") -> str:
         ),
         '<h2 id="misclassified">Misclassified test images</h2>',
         _misclassified_grid(result),
+        '<h2 id="attribution">Attribution maps</h2>',
+        _attribution_section(result),
         '<h2 id="parameters">Run parameters</h2>',
         _kv_table(result.params),
         '<h2 id="model">Model</h2>',
@@ -218,6 +220,24 @@ def _misclassified_grid(result) -> str:
     shown = len(cells)
     errors = result.num_examples - sum(row[i] for i, row in enumerate(result.confusion_matrix))
     return f'<p>{shown} of {errors} errors, spread over the true classes.</p><div class="grid">{"".join(cells)}</div>'
+
+
+def _attribution_section(result) -> str:
+    grid = getattr(result, "attribution", None)
+    if grid is None:
+        return f"<p>{_esc(getattr(result, 'attribution_note', '') or 'No attribution maps.')}</p>"
+    from cifar10_kfp.attribution import plot_attribution_grid
+
+    right = sum(grid.correct)
+    alt = "attribution maps: " + "; ".join(
+        f"true {t}, predicted {p}" for t, p in zip(grid.true, grid.predicted)
+    )
+    return (
+        f"<p>{_esc(grid.method)}. One row per true class: up to {grid.per_class} correctly classified images "
+        f"(green titles), then up to {grid.per_class} misclassified ones (red); {right} correct and {len(grid.indices) - right} misclassified test images, "
+        f"computed in {grid.seconds:.1f} s. Bright = pixels that raised the predicted class's score most.</p>"
+        + _img(plot_attribution_grid(grid), alt)
+    )
 
 
 # ---------------------------------------------------------------------------- Markdown

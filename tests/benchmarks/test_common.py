@@ -57,7 +57,7 @@ def test_markdown_shows_skips_and_errors():
 def test_smoke_run_writes_results_for_every_benchmark(tiny_archive, tmp_path):
     out = tmp_path / "out"
     # The pipeline benchmark runs kfp.local end to end (a minute or more); its plumbing is the same.
-    names = ["datapath", "preprocess", "loop", "storage", "time_to_accuracy", "gpu_time_to_94"]
+    names = ["datapath", "preprocess", "loop", "storage", "attribution", "time_to_accuracy", "gpu_time_to_94"]
     command = [sys.executable, "-m", "benchmarks.run", "--smoke", "--archive", str(tiny_archive),
                "--output-dir", str(out), "--work-dir", str(tmp_path / "work")]  # fmt: skip
     for name in names:
@@ -72,7 +72,7 @@ def test_smoke_run_writes_results_for_every_benchmark(tiny_archive, tmp_path):
     for name, sec in report["benchmarks"].items():
         assert sec["status"] in ("ok", "skipped"), (name, sec.get("reason"))
         assert sec["wall_s"] >= 0
-    for name in ("datapath", "preprocess", "storage"):
+    for name in ("datapath", "preprocess", "storage", "attribution"):
         sec = report["benchmarks"][name]
         assert sec["status"] == "ok" and sec["rows"], name
         for r in sec["rows"]:

@@ -66,7 +66,7 @@ def test_report_is_self_contained_and_has_the_plots_and_grid(result):
     alts = [attrs["alt"] for attrs in images]
     assert "train and val loss and accuracy per epoch" in alts and "confusion matrix heatmap" in alts
     assert "true: a / predicted: b|pipe (" in alts[2]
-    for section in ("curves", "confusion", "per-class", "misclassified", "parameters", "dataset"):
+    for section in ("curves", "confusion", "per-class", "misclassified", "attribution", "parameters", "dataset"):
         assert f'id="{section}"' in page
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import base64
 import io
-import shutil
-import subprocess
 from html.parser import HTMLParser
 
 import numpy as np
@@ -14,6 +12,7 @@ from PIL import Image
 
 from cifar10_kfp.evaluate import evaluate_loaded
 from cifar10_kfp.report import render_html, render_markdown
+from tests.support.browser import CHROMIUM, SKIP_REASON, Chromium
 from tests.support.models import lookup_case
 
 HOSTILE = '<img src="https://evil.example/x.png" onerror="alert(1)">'
@@ -66,7 +65,15 @@ def test_report_is_self_contained_and_has_the_plots_and_grid(result):
     alts = [attrs["alt"] for attrs in images]
     assert "train and val loss and accuracy per epoch" in alts and "confusion matrix heatmap" in alts
     assert "true: a / predicted: b|pipe (" in alts[2]
-    for section in ("curves", "confusion", "per-class", "misclassified", "attribution", "parameters", "dataset"):
+    for section in (
+        "curves",
+        "confusion",
+        "per-class",
+        "misclassified",
+        "attribution",
+        "parameters",
+        "dataset",
+    ):
         assert f'id="{section}"' in page
 
 
@@ -103,53 +110,48 @@ def test_report_without_history_or_errors(result):
 
 # ----------------------------------------------------------------------------- Chromium
 
-_CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-_PROBE = (
-    "<script>window.addEventListener('load',()=>{for(const i of document.images){"
-    "i.setAttribute('data-natural-width',String(i.naturalWidth));"
-    "i.setAttribute('data-complete',String(i.complete));}"
-    "document.body.setAttribute('data-probed','yes');});</script>"
-)
+# A real browser (tests/support/browser.py): the page as a person sees it, unmodified.
+FACTS = {
+    "attribution_heading": "document.querySelector('h2#attribution')?.textContent ?? ''",
+    "attribution_images": "document.querySelectorAll('h2#attribution + p + img').length",
+    "text_length": "document.body.innerText.length",
+    "page_height": "document.documentElement.scrollHeight",
+}
 
 
-def _render_dom(page: str, tmp_path) -> list[dict]:
-    """Load ``page`` in headless Chromium with an image probe added; return the probed img attributes.
-
-    The probe needs an inline script, so only this copy's CSP also allows ``script-src 'unsafe-inline'``;
-    images stay limited to ``data:`` exactly as in the real report.
-    """
-    probed = page.replace("default-src 'none';", "default-src 'none'; script-src 'unsafe-inline';", 1)
-    probed = probed.replace("</body>", _PROBE + "</body>")
-    path = tmp_path / "probed.html"
-    path.write_text(probed, encoding="utf-8")
-    cmd = [
-        _CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-        f"--user-data-dir={tmp_path / 'chromium-profile'}", "--virtual-time-budget=5000", "--dump-dom",
-        path.as_uri(),
-    ]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=90, check=False)
-    assert done.returncode == 0, done.stderr[-2000:]
-    parser = _Collector()
-    parser.feed(done.stdout)
-    body = [attrs for tag, attrs in parser.tags if tag == "body"]
-    assert body and body[0].get("data-probed") == "yes", "the probe did not run: " + done.stdout[:300]
-    return [attrs for tag, attrs in parser.tags if tag == "img"]
+def _screenshot_is_not_blank(png: bytes) -> None:
+    shot = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+    assert shot.shape[0] > 900 and shot.shape[1] >= 1000, shot.shape  # the full page, not the viewport only
+    flat = shot.reshape(-1, 3)
+    background = np.all(flat == flat[0], axis=1).mean()
+    assert background < 0.95, f"the screenshot is {background:.0%} one colour"
+    assert len(np.unique(flat[:: max(1, len(flat) // 200_000)], axis=0)) > 50  # plots, images, text
 
 
-@pytest.mark.skipif(_CHROMIUM is None, reason="chromium not installed (Debian: apt-get install -y chromium)")
-def test_report_renders_in_chromium_without_broken_images(result, tmp_path):
-    page = render_html(result)
-    images = _render_dom(page, tmp_path)
-    assert len(images) == 4
-    for attrs in images:
-        assert attrs["data-complete"] == "true"
-        assert int(attrs["data-natural-width"]) > 0, attrs.get("alt")
+@pytest.mark.skipif(CHROMIUM is None, reason=SKIP_REASON)
+def test_generated_report_in_a_real_browser(trained_model_dir, tiny_dataset_path, tmp_path):
+    from cifar10_kfp.evaluate import evaluate_model, write_outputs
 
-    # The probe can fail: a corrupt data URI and an external image (blocked by the CSP) read as broken.
-    broken = page.replace("</body>", '<img alt="corrupt" src="data:image/png;base64,AAAA">'
-                          '<img alt="external" src="https://example.com/x.png"></body>')  # fmt: skip
-    images = {a["alt"]: a for a in _render_dom(broken, tmp_path)}
-    assert images["corrupt"]["data-natural-width"] == "0"
-    assert images["external"]["data-natural-width"] == "0"
-    assert np.count_nonzero([int(a["data-natural-width"]) > 0 for a in images.values()]) == 4
+    evaluated = evaluate_model(trained_model_dir, tiny_dataset_path, device="cpu")  # history.json next to it
+    assert evaluated.attribution is not None
+    report = write_outputs(evaluated, tmp_path / "eval")["report"]
+    with Chromium(tmp_path / "chromium-profile") as browser:
+        seen = browser.inspect(report.as_uri(), FACTS)
+        # The checks can fail: a corrupt image, an external image (refused by the CSP) and a script.
+        broken = tmp_path / "broken.html"
+        broken.write_text(report.read_text().replace("</body>", '<img alt="corrupt" src="data:image/png;base64,'
+                          'AAAA"><img alt="external" src="https://example.invalid/x.png">'
+                          "<script>console.error('boom')</script></body>"))  # fmt: skip
+        spoiled = browser.inspect(broken.as_uri())
+
+    assert seen.errors == []
+    assert len(seen.images) == 3 + len(evaluated.misclassified)  # curves, heatmap, attribution grid, errors
+    for image in seen.images:
+        assert image["complete"] and image["naturalWidth"] > 0 and image["naturalHeight"] > 0, image["alt"]
+    assert seen.facts["attribution_heading"] == "Attribution maps" and seen.facts["attribution_images"] == 1
+    assert seen.facts["text_length"] > 500
+    _screenshot_is_not_blank(seen.screenshot_png)
+
+    widths = {image["alt"]: image["naturalWidth"] for image in spoiled.images}
+    assert widths["corrupt"] == 0 and widths["external"] == 0
+    assert any("Content Security Policy" in error for error in spoiled.errors), spoiled.errors

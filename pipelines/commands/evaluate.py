@@ -21,7 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--output-dir", required=True, help="where metrics.json, report.html and summary.md go"
     )
     parser.add_argument(
-        "--no-tta", action="store_true", help="measure one forward pass instead of the served flip-TTA prediction"
+        "--no-tta",
+        action="store_true",
+        help="measure one forward pass instead of the served flip-TTA prediction",
     )
     parser.add_argument("--batch-size", type=int, default=512, help="images per forward pass (default 512)")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")

@@ -63,7 +63,16 @@ def test_parameters_cell_holds_only_literal_assignments():
         assert isinstance(node, ast.Assign) and len(node.targets) == 1, ast.unparse(node)
         ast.literal_eval(node.value)  # papermill replaces values with literals; defaults must be literals too
         names.append(node.targets[0].id)
-    expected = {"DATASET_URI", "PRESET", "ARCHITECTURE", "EPOCHS", "RUNS", "MODEL_NAME", "MIN_ACCURACY", "KFP_HOST"}
+    expected = {
+        "DATASET_URI",
+        "PRESET",
+        "ARCHITECTURE",
+        "EPOCHS",
+        "RUNS",
+        "MODEL_NAME",
+        "MIN_ACCURACY",
+        "KFP_HOST",
+    }
     assert expected <= set(names)
     values = {n.targets[0].id: ast.literal_eval(n.value) for n in tree.body}
     assert len(values["RUNS"]) >= 2, "the notebook compares several runs"
@@ -142,7 +151,10 @@ def test_every_project_name_the_notebook_imports_exists():
         if cell.cell_type != "code":
             continue
         for node in ast.walk(ast.parse(cell.source)):
-            if isinstance(node, ast.ImportFrom) and node.module.split(".")[0] in ("cifar10_kfp", "cifar10_kfp_pipelines"):
+            if isinstance(node, ast.ImportFrom) and node.module.split(".")[0] in (
+                "cifar10_kfp",
+                "cifar10_kfp_pipelines",
+            ):
                 module = importlib.import_module(node.module)
                 for alias in node.names:
                     assert hasattr(module, alias.name), f"the notebook imports {node.module}.{alias.name}"
@@ -259,7 +271,9 @@ def test_notebook_runs_end_to_end_on_the_embedded_store(real_archive, tmp_path, 
 
     images = [o for cell in nb.cells for o in cell.get("outputs", []) if "image/png" in o.get("data", {})]
     assert len(images) >= 4, "accuracy per epoch, per-class accuracy, run comparison and predictions plots"
-    for output in images:  # each plot really rendered: a decodable PNG with drawn content, not an empty canvas
+    for (
+        output
+    ) in images:  # each plot really rendered: a decodable PNG with drawn content, not an empty canvas
         _assert_rendered_plot(output["data"]["image/png"])
     # The committed file is untouched by the run.
     assert all(not c.get("outputs") for c in _notebook().cells if c.cell_type == "code")

@@ -269,6 +269,7 @@ def evaluate_model(
     history_path: str | os.PathLike | None = None,
     params: dict | None = None,
     device: torch.device | str | None = None,
+    attribution_per_class: int = ATTRIBUTION_PER_CLASS,
 ) -> EvalResult:
     """Load a model directory and a prepared dataset, and evaluate on its test split.
 
@@ -289,7 +290,15 @@ def evaluate_model(
     dataset = load_prepared(data_path_or_uri)
     images, labels = dataset.split("test")
     result = evaluate_loaded(
-        model, info, images, labels, dataset.class_names, tta=tta, batch_size=batch_size, device=device
+        model,
+        info,
+        images,
+        labels,
+        dataset.class_names,
+        tta=tta,
+        batch_size=batch_size,
+        device=device,
+        attribution_per_class=attribution_per_class,
     )
     if history_path is None and not is_remote(model_dir_or_uri):
         # the model dir itself, or the training output dir that holds model/ and history.json

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output_dir) if args.output_dir else None
     if out:
         out.mkdir(parents=True, exist_ok=True)
-    accuracy = evaluate_model(args.model, args.data, device=args.device).accuracy
+    accuracy = evaluate_model(args.model, args.data, device=args.device, attribution_per_class=0).accuracy
     if not args.skip_gate:
         decision = run_gate(
             accuracy,

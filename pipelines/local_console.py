@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TextIO
 
 RUN_LOG = "kfp-local.log"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # kfp.local colours task names and statuses
 _EXCEPTION_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure)):\s*(.+)$")
 
 
@@ -45,8 +46,9 @@ class TaskConsole:
 
     # ------------------------------------------------------------------ console
     def say(self, text: str) -> None:
-        with self._lock:
-            print(text, file=self.console, flush=True)
+        with self._lock:  # not print(): kfp.local swaps builtins.print for an indenting one inside tasks
+            self.console.write(text + "\n")
+            self.console.flush()
 
     @contextlib.contextmanager
     def task(self, name: str) -> Iterator[dict]:
@@ -112,7 +114,7 @@ class TaskConsole:
         class _Routed(logging.Handler):
             def emit(self, record: logging.LogRecord) -> None:
                 try:
-                    console._write(self.format(record) + "\n")
+                    console._write(_ANSI.sub("", self.format(record)) + "\n")
                 except Exception:  # a log line must never fail a run
                     self.handleError(record)
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cifar10_kfp.storage import ObjectNotFound, ObjectStore, StorageError
+from cifar10_kfp.training_curves import tensorboard_uri
 
 RUN_ID_ENV = "CIFAR10_KFP_RUN_ID"
 TASK_ENV = "CIFAR10_KFP_TASK"
@@ -200,6 +201,7 @@ def training_outputs(
     metrics["test_accuracy"] = float(test_accuracy)
     checkpoints = model.metadata.get("checkpoint_uri") or train_metrics.metadata.get("checkpoint_uri", "")
     artifacts = {**_dataset_locations(archive, dataset), "model": model.uri, "checkpoints": checkpoints,
+                 "tensorboard": model.metadata.get("tensorboard_uri") or tensorboard_uri(checkpoints),
                  "history": history.uri, "metrics": eval_metrics.uri, "report": report.uri}  # fmt: skip
     return {"pipeline": pipeline, "run_id": run_id, "parameters": json.loads(params_json), "metrics": metrics,
             "artifacts": artifacts}  # fmt: skip

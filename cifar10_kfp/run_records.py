@@ -227,3 +227,19 @@ def read_summary(store: ObjectStore, run_id: str) -> dict | None:
         return RunRecords(store, run_id).read(SUMMARY)
     except (StorageError, ValueError):
         return None
+
+
+def recent_summaries(store: ObjectStore, limit: int = 20) -> list[tuple[float, dict]]:
+    """``(written at, summary)`` of the runs whose exit handler wrote a summary in ``store``, newest first.
+
+    Local runs have no runs API to ask: their summaries in the object store are their history.
+    """
+    uris = [u for u in store.list(store.root_uri("runs")) if u.endswith(f"/{SUMMARY}")]
+    found = []
+    for uri in uris:
+        try:
+            info = store.stat(uri)
+            found.append((info.last_modified or 0.0, json.loads(store.get_bytes(uri))))
+        except (StorageError, ValueError):
+            continue  # one unreadable summary must not hide the others
+    return sorted(found, key=lambda pair: pair[0], reverse=True)[:limit]

@@ -47,6 +47,7 @@ from cifar10_kfp.distributed import (
     teardown,
 )
 from cifar10_kfp.inference import Normalize, predict
+from cifar10_kfp.training_curves import TrainingCurves
 from cifar10_kfp.training_outputs import (
     METRICS_FILE,
     MODEL_SUBDIR,
@@ -345,24 +346,31 @@ def fit(state: TrainingState, run: RunData, config: TrainConfig, runtime: Runtim
     show_bar = config.progress and runtime.is_main and sys.stdout.isatty()
     autocast = autocast_context(config, runtime.device)
     checkpoints.run_clock = clock
-    while state.epoch < config.epochs:
-        epoch_start = checkpoints.epoch_started = time.perf_counter()
-        stats = train_one_epoch(
-            state, run.train, run.normalizer, config, run.batch_size, runtime,
-            after_step=checkpoints.after_step, show_bar=show_bar,
-        )  # fmt: skip
-        if runtime.device.type == "cuda":
-            torch.cuda.synchronize(runtime.device)
-        train_s = clock.epoch_done(time.perf_counter() - epoch_start)
-        result = evaluate(
-            state.evaluation_model(), run.eval, run.normalizer, batch_size=config.eval_batch_size,
-            tta=config.tta, autocast=autocast,
-        )  # fmt: skip
-        lr = state.optimizer.param_groups[0]["lr"]
-        row = epoch_row(state.epoch + 1, stats, result, lr, train_s, clock, state.step, runtime.world_size)
-        state.finish_epoch(row)
-        printer(row, clock.eta_s(config.epochs - state.epoch))
-        checkpoints.at_epoch_end(state)
+    curves = TrainingCurves(checkpoints.manager.uri if checkpoints.manager else "", enabled=runtime.is_main)
+    try:  # the curves are closed (their last copy made) however training ends
+        while state.epoch < config.epochs:
+            epoch_start = checkpoints.epoch_started = time.perf_counter()
+            stats = train_one_epoch(
+                state, run.train, run.normalizer, config, run.batch_size, runtime,
+                after_step=checkpoints.after_step, show_bar=show_bar,
+            )  # fmt: skip
+            if runtime.device.type == "cuda":
+                torch.cuda.synchronize(runtime.device)
+            train_s = clock.epoch_done(time.perf_counter() - epoch_start)
+            result = evaluate(
+                state.evaluation_model(), run.eval, run.normalizer, batch_size=config.eval_batch_size,
+                tta=config.tta, autocast=autocast,
+            )  # fmt: skip
+            lr = state.optimizer.param_groups[0]["lr"]
+            row = epoch_row(
+                state.epoch + 1, stats, result, lr, train_s, clock, state.step, runtime.world_size
+            )
+            state.finish_epoch(row)
+            printer(row, clock.eta_s(config.epochs - state.epoch))
+            curves.epoch(row)
+            checkpoints.at_epoch_end(state)
+    finally:
+        curves.close()
 
 
 __all__ = [

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cifar10_kfp.storage import ObjectNotFound, ObjectStore, StorageError
+from cifar10_kfp.training_curves import tensorboard_uri
 
 RUN_ID_ENV = "CIFAR10_KFP_RUN_ID"
 TASK_ENV = "CIFAR10_KFP_TASK"
@@ -200,6 +201,7 @@ def training_outputs(
     metrics["test_accuracy"] = float(test_accuracy)
     checkpoints = model.metadata.get("checkpoint_uri") or train_metrics.metadata.get("checkpoint_uri", "")
     artifacts = {**_dataset_locations(archive, dataset), "model": model.uri, "checkpoints": checkpoints,
+                 "tensorboard": model.metadata.get("tensorboard_uri") or tensorboard_uri(checkpoints),
                  "history": history.uri, "metrics": eval_metrics.uri, "report": report.uri}  # fmt: skip
     return {"pipeline": pipeline, "run_id": run_id, "parameters": json.loads(params_json), "metrics": metrics,
             "artifacts": artifacts}  # fmt: skip
@@ -225,3 +227,19 @@ def read_summary(store: ObjectStore, run_id: str) -> dict | None:
         return RunRecords(store, run_id).read(SUMMARY)
     except (StorageError, ValueError):
         return None
+
+
+def recent_summaries(store: ObjectStore, limit: int = 20) -> list[tuple[float, dict]]:
+    """``(written at, summary)`` of the runs whose exit handler wrote a summary in ``store``, newest first.
+
+    Local runs have no runs API to ask: their summaries in the object store are their history.
+    """
+    uris = [u for u in store.list(store.root_uri("runs")) if u.endswith(f"/{SUMMARY}")]
+    found = []
+    for uri in uris:
+        try:
+            info = store.stat(uri)
+            found.append((info.last_modified or 0.0, json.loads(store.get_bytes(uri))))
+        except (StorageError, ValueError):
+            continue  # one unreadable summary must not hide the others
+    return sorted(found, key=lambda pair: pair[0], reverse=True)[:limit]

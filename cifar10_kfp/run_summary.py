@@ -181,6 +181,17 @@ def write_summary(
     return summary
 
 
+def verdict_line(summary: dict) -> str:
+    """One line for the end of the exit handler's log: the status, and for a failure its step, error and cause."""
+    if summary.get("status") == SUCCEEDED:
+        return f"run SUCCEEDED ({summary.get('status_basis', '')})"
+    failures = summary.get("failures") or []
+    cause = str(failures[-1].get("cause", "")) if failures else ""
+    error = summary.get("error") or "unknown error"
+    more = f" (caused by {cause})" if cause and cause not in error else ""
+    return f"run FAILED at step {summary.get('failed_task') or '?'}: {error}{more}"
+
+
 class _Unreadable:
     """Stands in for ``RunRecords`` when no store could be opened: every read fails."""
 
@@ -197,4 +208,12 @@ class _Unreadable:
         raise StorageError("no object store")
 
 
-__all__ = ["FAILURES", "ReportedStatus", "Verdict", "build_summary", "decide_status", "write_summary"]
+__all__ = [
+    "FAILURES",
+    "ReportedStatus",
+    "Verdict",
+    "build_summary",
+    "decide_status",
+    "verdict_line",
+    "write_summary",
+]

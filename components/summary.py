@@ -151,7 +151,7 @@ def write_run_summary(
     """
     import json
 
-    from cifar10_kfp.run_summary import ReportedStatus, write_summary
+    from cifar10_kfp.run_summary import ReportedStatus, verdict_line, write_summary
     from cifar10_kfp.storage import open_store
 
     result = write_summary(
@@ -162,6 +162,7 @@ def write_run_summary(
         json.dump(result, fh, indent=2, sort_keys=True)
     summary.metadata["status"] = result["status"]
     print(json.dumps(result, indent=2, sort_keys=True))
+    print(verdict_line(result))  # last, where a reader of the step's log looks first
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)

@@ -10,7 +10,7 @@ step and the CLI.
 """
 
 from kfp import dsl
-from kfp.dsl import Artifact, Dataset, Input, Metrics, Model, Output
+from kfp.dsl import Artifact, Dataset, Input, Markdown, Metrics, Model, Output
 
 from cifar10_kfp_components.image import IMAGE
 
@@ -27,6 +27,7 @@ def train_model(
     model: Output[Model],
     metrics: Output[Metrics],
     history: Output[Artifact],
+    card: Output[Markdown],
 ):
     """Train an image classifier on a prepared dataset, resuming from checkpoints.
 
@@ -41,6 +42,7 @@ def train_model(
         model: Output model directory (weights, architecture, class names, normalisation, image size).
         metrics: Output training metrics.
         history: Output per-epoch history (JSON list).
+        card: Markdown: final figures, and where the checkpoints and TensorBoard curves are.
     """
     import os
     import shutil
@@ -51,6 +53,7 @@ def train_model(
     from cifar10_kfp.process import freeze_heap_before_exit
     from cifar10_kfp.run_records import report_failures
     from cifar10_kfp.storage import open_store
+    from cifar10_kfp.training_curves import tensorboard_uri, training_markdown
 
     report_failures(bucket, storage_prefix)
     config = train_config(training)
@@ -62,6 +65,8 @@ def train_model(
         shutil.copytree(result.model_dir, model.path, dirs_exist_ok=True)
         shutil.copyfile(os.path.join(work, "history.json"), os.path.join(model.path, "history.json"))
         shutil.copyfile(os.path.join(work, "history.json"), history.path)
+    with open(card.path, "w") as fh:
+        fh.write(training_markdown(result.metrics, checkpoint_uri, result.history))
 
     model.metadata.update(
         {
@@ -69,6 +74,7 @@ def train_model(
             "preset": config.preset,
             "config_hash": config.config_hash(),
             "checkpoint_uri": checkpoint_uri,
+            "tensorboard_uri": tensorboard_uri(checkpoint_uri),
             "val_acc": float(result.metrics["val_acc"]),
             "epochs": config.epochs,
         }

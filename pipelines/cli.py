@@ -2,7 +2,7 @@
 
 Step commands (``store``, ``data``, ``train``, ``evaluate``, ``publish``, ``predict``) run the
 library directly, without Kubeflow. Pipeline commands (``run-local``, ``compile``, ``submit``,
-``schedule``, ``runs``, ``doctor``) drive Kubeflow Pipelines.
+``schedule``, ``runs``, ``doctor``) drive Kubeflow Pipelines; ``tensorboard`` shows a run's curves.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ COMMANDS = {
     "submit": "submit",
     "schedule": "schedule",
     "runs": "runs",
+    "tensorboard": "tensorboard",
     "doctor": "doctor",
 }
 

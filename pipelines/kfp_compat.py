@@ -10,6 +10,7 @@ the user loses, so an upgrade never runs our code against internals nobody has r
 * ``named_task_outputs``: kfp.local resolving *named* task outputs in ``dsl.If`` / ``ParallelFor``.
 * ``print_restored``: kfp.local's swapped ``builtins.print`` not outliving a run.
 * ``exported_local_run_id``: kfp.local's run id exported to the task processes, as pods get theirs.
+* ``task_output_routed``: kfp.local's task output sent to per-task log files, not the console.
 """
 
 from __future__ import annotations
@@ -184,3 +185,63 @@ def exported_local_run_id() -> Iterator[dict[str, str]]:
             os.environ.pop(RUN_ID_ENV, None)
         else:
             os.environ[RUN_ID_ENV] = saved
+
+
+@contextlib.contextmanager
+def task_output_routed(console) -> Iterator[None]:
+    """Send kfp.local's task output to ``console`` (a ``local_console.TaskConsole``) instead of stdout.
+
+    kfp 2.17.3 runs each task through ``task_executor.execute_single_task`` (cache lookup, retries),
+    which calls ``task_dispatcher.run_single_task_implementation`` for each attempt that really runs;
+    that one installs a stdout logger (``logging_utils.local_logger_context``), logs the executor
+    input and outputs, and streams the task process's output with ``print`` from
+    ``subprocess_task_handler.run_local_subprocess``. This wraps the first two (task start, end and
+    cache hit), replaces the streaming with ``console.task_line`` per line (same process, same
+    environment, same exit code), and makes the logger context and the separator lines
+    (``logging_utils.print_horizontal_line``) leave the caller's logging alone.
+    """
+    from kfp.local import logging_utils, subprocess_task_handler, task_dispatcher
+    from kfp.local.orchestrator import task_executor
+
+    targets = [
+        (task_executor, "execute_single_task"), (task_dispatcher, "run_single_task_implementation"),
+        (subprocess_task_handler, "run_local_subprocess"), (logging_utils, "local_logger_context"),
+        (logging_utils, "print_horizontal_line"),
+    ]  # fmt: skip
+    loss = "run-local prints kfp.local's whole output, as with --verbose"
+    if not all(_may_patch("task_output_routed", owner, name, loss) for owner, name in targets):
+        yield
+        return
+    execute_original = task_executor.execute_single_task
+    dispatch_original = task_dispatcher.run_single_task_implementation
+
+    def execute_single_task(*args, **kwargs):
+        with console.task(kwargs.get("task_name") or str(args[0])) as outcome:
+            outputs, task_status = execute_original(*args, **kwargs)
+            outcome["status"] = getattr(task_status, "name", str(task_status))
+            return outputs, task_status
+
+    def run_single_task_implementation(*args, **kwargs):
+        console.task_started()
+        return dispatch_original(*args, **kwargs)
+
+    def run_local_subprocess(full_command, env_vars=None) -> int:
+        import subprocess
+
+        env = {**os.environ, **env_vars} if env_vars else None
+        with subprocess.Popen(full_command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              bufsize=1, env=env, errors="replace") as process:  # fmt: skip
+            for line in iter(process.stdout.readline, ""):
+                console.task_line(line)
+            return process.wait()
+
+    @contextlib.contextmanager
+    def local_logger_context():
+        yield
+
+    replacements = [execute_single_task, run_single_task_implementation, run_local_subprocess,
+                    local_logger_context, lambda: None]  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        for (owner, name), replacement in zip(targets, replacements):
+            stack.enter_context(_replaced(owner, name, replacement))
+        yield

@@ -139,6 +139,7 @@ def run_local(
     summary_json: str | os.PathLike | None = None,
     store_data_dir: str | os.PathLike | None = None,
     validate_first: bool = True,
+    verbose: bool = False,
 ) -> dict:
     """Run ``pipeline`` locally; return the run summary (see ``cifar10-kfp run-local --help``).
 
@@ -146,13 +147,15 @@ def run_local(
     Never raises for a pipeline failure: the summary's ``status`` is ``"FAILED"`` and ``error``
     says which task failed. Raises ``ValueError`` for bad parameters, before anything starts;
     ``validate_first=False`` skips that early check (bad values then fail in the pipeline's own
-    validate step, as on a cluster).
+    validate step, as on a cluster). Unless ``verbose``, the console gets one line per task start
+    and end and the progress lines; each task's whole output goes to ``<run>/logs/<task>.log``.
     """
     from kfp import local
 
     from cifar10_kfp.storage import StorageConfig, check_credentials
     from cifar10_kfp_pipelines.catalog import build, resolve
     from cifar10_kfp_pipelines.kfp_compat import exported_local_run_id, named_task_outputs, print_restored
+    from cifar10_kfp_pipelines.local_console import quiet_output
     from cifar10_kfp_pipelines.policy import ClusterPolicy
 
     short = resolve(pipeline)
@@ -174,8 +177,13 @@ def run_local(
         local.init(
             runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(run_root), raise_on_error=True
         )
+        log_dir = run_root / "logs"
+        console = contextlib.nullcontext() if verbose else quiet_output(log_dir)
+        if not verbose:
+            print(f"running cifar10-{short} locally; each task's full log goes to {log_dir}/", flush=True)
         try:
-            with print_restored(), named_task_outputs(), exported_local_run_id(), warnings.catch_warnings():
+            with print_restored(), named_task_outputs(), exported_local_run_id(), warnings.catch_warnings(), \
+                    console as task_console:  # fmt: skip
                 # Resources, accelerators, display names and Kubernetes settings are for the cluster;
                 # kfp.local warns once per task that it ignores them.
                 warnings.filterwarnings("ignore", message=".*no effect in the current local runner.*")
@@ -187,6 +195,8 @@ def run_local(
             error = _plain(str(exc))
         summary = _read_summary(run_root)
     summary = _with_local_failure(summary, error)
+    if not verbose:
+        _name_the_logs(summary, log_dir, task_console.task_logs)
     summary.update(
         pipeline=f"cifar10-{short}",
         parameters={**values, **build_params},
@@ -224,6 +234,18 @@ def _with_local_failure(summary: dict | None, error: str) -> dict:
     return summary
 
 
+def _name_the_logs(summary: dict, log_dir: Path, task_logs: dict[str, Path]) -> None:
+    """Add where the logs are; a failure no step recorded takes its error from the failed task's log."""
+    from cifar10_kfp_pipelines.local_console import last_exception
+
+    summary["logs"] = str(log_dir)
+    failed = summary.get("failed_task") or ""
+    if failed and failed in task_logs:
+        summary["failed_task_log"] = str(task_logs[failed])
+        if "Inner task failed" in (summary.get("error") or "") or not summary.get("error"):
+            summary["error"] = last_exception(task_logs[failed]) or summary.get("error", "")
+
+
 def _plain(text: str) -> str:
     """Strip the ANSI colours kfp.local puts in its messages."""
     import re
@@ -232,23 +254,35 @@ def _plain(text: str) -> str:
 
 
 def format_summary(summary: dict) -> str:
-    """The final table ``run-local`` prints: status, metrics and where everything is."""
+    """The final table ``run-local`` prints: status, metrics and where everything is.
+
+    A failed run ends with its failing step, the error (and its innermost cause) and that step's
+    log, the lines a reader looks at first.
+    """
     rows = [("status", summary.get("status", "?")), ("pipeline", summary.get("pipeline", ""))]
-    if summary.get("error"):
-        rows.append(("error", summary["error"]))
     for key, value in sorted((summary.get("metrics") or {}).items()):
         rows.append((key, f"{value:.4f}" if isinstance(value, float) else json.dumps(value)))
     published = summary.get("published")
     rows.append(("published", f"{published['uri']} (version {published['version']})" if published else "no"))
-    for key, value in sorted((summary.get("artifacts") or {}).items()):
-        if value:
-            rows.append((key, str(value)))
-    if summary.get("local_root"):
-        rows.append(("local outputs", summary["local_root"]))
+    rows += [(key, str(value)) for key, value in sorted((summary.get("artifacts") or {}).items()) if value]
     if summary.get("object_store_data"):
         rows.append(
             ("object store", f"{summary['object_store_data']} (browse: cifar10-kfp store --data-dir ...)")
         )
+    rows += [(label, summary[key]) for label, key in (("local outputs", "local_root"), ("logs", "logs"))
+             if summary.get(key)]  # fmt: skip
+    if summary.get("status") != "SUCCEEDED":
+        rows += [("failed step", summary.get("failed_task") or "?"), ("error", summary.get("error") or "?")]
+        cause = _recorded_cause(summary)
+        rows += [("caused by", cause)] if cause else []
+        rows += [("failed step log", summary["failed_task_log"])] if summary.get("failed_task_log") else []
     width = max(len(k) for k, _ in rows)
     line = "-" * min(100, width + 60)
     return "\n".join([line, *(f"{k:<{width}}  {v}" for k, v in rows), line])
+
+
+def _recorded_cause(summary: dict) -> str:
+    """The innermost exception of the failure the summary reports, when it differs from its error."""
+    failures = summary.get("failures") or []
+    cause = str(failures[-1].get("cause", "")) if failures else ""
+    return cause if cause and cause not in (summary.get("error") or "") else ""

@@ -8,27 +8,30 @@ layout detected (``layout``). Only then is it stored at
 ``<root>/datasets/sha256/<digest>/<filename>``, with small index entries at
 ``<root>/datasets/index/<md5|sha256>/<hex>.json``: the next run with the same checksum finds
 the archive through the index and fetches nothing. Nothing unverified reaches the store.
+HTTP fetching (limits, retries, the progress meter) is in ``http_fetch``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import re
 import shutil
-import socket
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote, urlparse, urlunparse
+from urllib.parse import unquote, urlparse
 
 from cifar10_kfp.data import CIFAR10_CHECKSUM, CIFAR10_URL
 from cifar10_kfp.data.archives import ArchiveLimits, scan_archive
+from cifar10_kfp.data.http_fetch import (
+    DownloadError,
+    DownloadLimits,
+    fetch_http,
+    hash_file,
+    redact_source,
+)
 from cifar10_kfp.data.layout import IMAGE_FOLDER, detect_layout, index_image_folder
 from cifar10_kfp.storage import (
     ObjectNotFound,
@@ -44,49 +47,10 @@ DEFAULT_URL, DEFAULT_CHECKSUM = CIFAR10_URL, CIFAR10_CHECKSUM
 # Checksums we know for well-known URLs, applied when the caller gives none.
 KNOWN_CHECKSUMS = {DEFAULT_URL: DEFAULT_CHECKSUM}
 _HEX_LENGTHS = {"md5": 32, "sha256": 64}
-_CHUNK = 1024 * 1024
-
-
-class DownloadError(RuntimeError):
-    """The archive could not be fetched; the message says why and what to do instead."""
 
 
 class ChecksumError(ValueError):
     """The fetched archive does not match the expected checksum."""
-
-
-def _env_number(name: str, default: float) -> float:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number") from None
-    if value <= 0:
-        raise ValueError(f"{name}={raw!r} must be positive")
-    return value
-
-
-@dataclass(frozen=True)
-class DownloadLimits:
-    """How much, how long and how often to try. Defaults fit the 163 MB official archive."""
-
-    max_bytes: int = 4 * 1024**3  # refuse archives bigger than this (CIFAR10_KFP_MAX_DOWNLOAD_BYTES)
-    timeout_s: float = (
-        60.0  # per connect and per read; a stalled server fails (CIFAR10_KFP_DOWNLOAD_TIMEOUT_S)
-    )
-    deadline_s: float = 3600.0  # the whole download, all attempts (CIFAR10_KFP_DOWNLOAD_DEADLINE_S)
-    attempts: int = 3  # transient failures (connection reset, 5xx, short read) are retried
-
-    @classmethod
-    def from_env(cls) -> DownloadLimits:
-        return cls(
-            max_bytes=int(_env_number("CIFAR10_KFP_MAX_DOWNLOAD_BYTES", cls.max_bytes)),
-            timeout_s=_env_number("CIFAR10_KFP_DOWNLOAD_TIMEOUT_S", cls.timeout_s),
-            deadline_s=_env_number("CIFAR10_KFP_DOWNLOAD_DEADLINE_S", cls.deadline_s),
-            attempts=int(_env_number("CIFAR10_KFP_DOWNLOAD_ATTEMPTS", cls.attempts)),
-        )
 
 
 @dataclass
@@ -127,17 +91,6 @@ def parse_checksum(checksum: str) -> tuple[str, str] | None:
     return algo, hexdigest
 
 
-def redact_source(source: str) -> str:
-    """The source without user:password or query string (presigned URLs carry signatures there)."""
-    parsed = urlparse(source)
-    if parsed.scheme in ("http", "https"):
-        netloc = parsed.hostname or ""
-        if parsed.port:
-            netloc = f"{netloc}:{parsed.port}"
-        return urlunparse((parsed.scheme, netloc, parsed.path, "", "", ""))
-    return source
-
-
 def safe_filename(source: str) -> str:
     """The archive's file name from the source, reduced to characters safe in an object key."""
     path = urlparse(source).path if "://" in source else source
@@ -164,133 +117,6 @@ def _usable_store(store: ObjectStore | None) -> ObjectStore | None:
     return store if store.config.endpoint else None
 
 
-# ------------------------------------------------------------------------ hashing
-
-
-class _Hasher:
-    def __init__(self):
-        self.sha256, self.md5, self.size = hashlib.sha256(), hashlib.md5(usedforsecurity=False), 0
-
-    def update(self, block: bytes) -> None:
-        self.sha256.update(block)
-        self.md5.update(block)
-        self.size += len(block)
-
-
-def _hash_file(path: Path) -> _Hasher:
-    hasher = _Hasher()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(_CHUNK), b""):
-            hasher.update(block)
-    return hasher
-
-
-# ------------------------------------------------------------------------- fetchers
-
-
-def no_network_help(source: str) -> str:
-    return (
-        "If this machine has no internet access (an air-gapped cluster, a CI runner), download "
-        f"{DEFAULT_URL} (md5 {DEFAULT_CHECKSUM.split(':')[1]}) elsewhere and point the dataset at that copy: "
-        "`cifar10-kfp data --source /path/to/cifar-10-python.tar.gz` (or file://..., or an object-store mirror "
-        "s3://<bucket>/<key>), the pipeline parameter dataset_uri, or `make run DATASET=<path or s3:// URI>`."
-    )
-
-
-class _Transient(Exception):
-    pass
-
-
-def _fetch_http_once(url: str, dst: Path, limits: DownloadLimits, deadline: float) -> _Hasher:
-    from cifar10_kfp import __version__
-
-    headers = {"User-Agent": f"cifar10-kfp/{__version__}"}
-    parsed = urlparse(url)
-    if parsed.username is not None:  # user:password@host -> basic auth, never part of the request line
-        import base64
-
-        token = f"{unquote(parsed.username)}:{unquote(parsed.password or '')}".encode()
-        headers["Authorization"] = "Basic " + base64.b64encode(token).decode()
-        netloc = parsed.hostname + (f":{parsed.port}" if parsed.port else "")
-        url = urlunparse(parsed._replace(netloc=netloc))
-    request = urllib.request.Request(url, headers=headers)
-    shown = redact_source(url)
-    try:
-        response = urllib.request.urlopen(request, timeout=limits.timeout_s)  # noqa: S310 - scheme checked
-    except urllib.error.HTTPError as exc:
-        if exc.code >= 500 or exc.code == 429:
-            raise _Transient(f"HTTP {exc.code} {exc.reason}") from exc
-        raise DownloadError(
-            f"cannot download {shown}: the server answered HTTP {exc.code} {exc.reason}. "
-            + no_network_help(url)
-        ) from exc
-    with response:
-        declared = response.headers.get("Content-Length")
-        if declared and declared.isdigit() and int(declared) > limits.max_bytes:
-            raise DownloadError(
-                f"cannot download {shown}: it is {int(declared)} bytes, over the {limits.max_bytes}-byte cap "
-                "(CIFAR10_KFP_MAX_DOWNLOAD_BYTES)"
-            )
-        hasher = _Hasher()
-        with open(dst, "wb") as out:
-            while True:
-                block = response.read(_CHUNK)
-                if not block:
-                    break
-                hasher.update(block)
-                if hasher.size > limits.max_bytes:
-                    raise DownloadError(
-                        f"cannot download {shown}: more than {limits.max_bytes} bytes, the cap "
-                        "(CIFAR10_KFP_MAX_DOWNLOAD_BYTES)"
-                    )
-                if time.monotonic() > deadline:
-                    raise DownloadError(
-                        f"cannot download {shown}: not finished within {limits.deadline_s:g}s "
-                        "(CIFAR10_KFP_DOWNLOAD_DEADLINE_S)"
-                    )
-                out.write(block)
-        if declared and declared.isdigit() and hasher.size != int(declared):
-            raise _Transient(f"connection closed after {hasher.size} of {declared} bytes")
-    return hasher
-
-
-def _fetch_http(url: str, dst: Path, limits: DownloadLimits) -> _Hasher:
-    deadline = time.monotonic() + limits.deadline_s
-    last: BaseException | None = None
-    host = urlparse(url).hostname
-    for attempt in range(1, max(1, limits.attempts) + 1):
-        try:
-            return _fetch_http_once(url, dst, limits, deadline)
-        except DownloadError:
-            raise
-        except urllib.error.URLError as exc:
-            last = exc.reason if isinstance(exc.reason, BaseException) else exc
-            if isinstance(exc.reason, socket.gaierror):
-                break  # the name does not resolve: retrying will not help
-        except (
-            _Transient,
-            OSError,
-            TimeoutError,
-            ConnectionError,
-        ) as exc:  # http.client errors are OSError-like
-            last = exc
-        except Exception as exc:  # noqa: BLE001 - http.client.IncompleteRead, RemoteDisconnected, ...
-            last = exc
-        if attempt < limits.attempts and time.monotonic() < deadline:
-            delay = min(2.0 ** (attempt - 1), max(0.0, deadline - time.monotonic()))
-            log.warning(
-                "download of %s failed (%s); retry %d in %.0fs", redact_source(url), last, attempt, delay
-            )
-            time.sleep(delay)
-    reason = f"{type(last).__name__}: {last}" if last is not None else "unknown error"
-    timed_out = isinstance(last, (TimeoutError, socket.timeout))
-    what = f"timed out after {limits.timeout_s:g}s" if timed_out else "no network connection"
-    raise DownloadError(
-        f"cannot download {redact_source(url)}: {what} to {host} ({reason}) after {attempt} attempt(s). "
-        + no_network_help(url)
-    )
-
-
 def _fetch(source: str, kind: str, workdir: Path, limits: DownloadLimits, store: ObjectStore | None):
     """Fetch into ``workdir`` (or use a local file in place); returns ``(path, hasher, is_copy)``."""
     if kind == "local":
@@ -302,10 +128,10 @@ def _fetch(source: str, kind: str, workdir: Path, limits: DownloadLimits, store:
             raise DownloadError(
                 f"dataset source {path} is {size} bytes, over the {limits.max_bytes}-byte cap"
             )
-        return path, _hash_file(path), False
+        return path, hash_file(path), False
     dst = workdir / safe_filename(source)
     if kind == "http":
-        return dst, _fetch_http(source, dst, limits), True
+        return dst, fetch_http(source, dst, limits), True
     reader = store if store is not None else open_store()
     info = reader.stat(source)
     if info.size > limits.max_bytes:
@@ -313,7 +139,7 @@ def _fetch(source: str, kind: str, workdir: Path, limits: DownloadLimits, store:
             f"dataset source {source} is {info.size} bytes, over the {limits.max_bytes}-byte cap"
         )
     reader.get_file(source, dst)  # verifies the sha256 recorded at upload, when there is one
-    return dst, _hash_file(dst), True
+    return dst, hash_file(dst), True
 
 
 # ------------------------------------------------------------------------- the cache

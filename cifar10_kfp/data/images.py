@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from cifar10_kfp.progress import ProgressMeter
+
 log = logging.getLogger(__name__)
 
 MAX_PIXELS = 64_000_000  # one image above this is rejected rather than decoded (image bombs)
@@ -111,22 +113,38 @@ def decode_images(
     if len(names) != len(blobs):
         raise ValueError("names and blobs differ in length")
     workers = default_workers() if workers is None else workers
-    if workers <= 1 or len(blobs) < min_parallel or not _can_start_workers():
-        return _decode_chunk((names, blobs, size))
+    parallel = workers > 1 and len(blobs) >= min_parallel and _can_start_workers()
+    step = min(_CHUNK_IMAGES, -(-len(blobs) // (workers * 2))) if parallel else _CHUNK_IMAGES
+    if len(blobs) <= step:
+        return _decode_chunk((names, blobs, size))  # small: no meter, no pool
     out = np.empty((len(blobs), 3, size, size), dtype=np.uint8)
-    step = min(_CHUNK_IMAGES, -(-len(blobs) // (workers * 2)))
     tasks = [(names[i : i + step], blobs[i : i + step], size) for i in range(0, len(blobs), step)]
+    with ProgressMeter("decode", len(blobs), unit="img") as meter:
+        if parallel:
+            try:
+                return _decode_in_pool(tasks, workers, out, meter)
+            except BrokenProcessPool as exc:  # a worker could not start or was killed (e.g. memory limits)
+                log.warning("parallel image decoding failed (%s); decoding in this process instead", exc)
+                meter.done = 0
+        return _fill(out, map(_decode_chunk, tasks), meter)
+
+
+def _decode_in_pool(tasks: list, workers: int, out: np.ndarray, meter: ProgressMeter) -> np.ndarray:
     import multiprocessing
 
     # forkserver: no fork of a process that may hold threads (object-store clients, torch) or locks.
     ctx = multiprocessing.get_context("forkserver")
-    try:
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-            for i, chunk in zip(range(0, len(blobs), step), pool.map(_decode_chunk, tasks)):
-                out[i : i + len(chunk)] = chunk
-    except BrokenProcessPool as exc:  # a worker could not start or was killed (e.g. memory limits)
-        log.warning("parallel image decoding failed (%s); decoding in this process instead", exc)
-        return _decode_chunk((names, blobs, size))
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        return _fill(out, pool.map(_decode_chunk, tasks), meter)
+
+
+def _fill(out: np.ndarray, chunks, meter: ProgressMeter) -> np.ndarray:
+    """Copy decoded chunks, in order, into ``out``."""
+    i = 0
+    for chunk in chunks:
+        out[i : i + len(chunk)] = chunk
+        i += len(chunk)
+        meter.update(len(chunk))
     return out
 
 

@@ -10,7 +10,7 @@ Both layouts end up as uint8 N x 3 x S x S images and int64 labels:
 Then, deterministically for a given ``seed``: a stratified subset of the source train split
 (``max_train_samples``, 0 = all), a stratified validation split taken out of it
 (``val_fraction``), a stratified subset of the test split (``max_test_samples``), and the
-per-channel mean/std of the train part only. The file is cached in the object store at
+per-channel mean/std of the train part only (``splits``). The file is cached in the object store at
 ``<root>/prepared/<digest16>-<params16>/dataset.safetensors``; the key covers the source
 sha256, every parameter and both format versions, so identical inputs reuse it.
 """
@@ -39,6 +39,7 @@ from cifar10_kfp.data.format import (
 )
 from cifar10_kfp.data.images import decode_images
 from cifar10_kfp.data.layout import CIFAR10_PYTHON, OFFICIAL_TRAIN_BATCHES, detect_layout, index_image_folder
+from cifar10_kfp.data.splits import channel_stats, select_indices, split_validation, stratified_pick
 from cifar10_kfp.storage import ObjectNotFound, ObjectStore, is_remote, open_store, parse_uri, sha256_file
 
 log = logging.getLogger(__name__)
@@ -96,60 +97,6 @@ class PrepareInfo:
     source_digest: str
     metadata: dict  # the prepared file's metadata (counts, class names, mean, std, ...)
     seconds: float  # wall time of the call
-
-
-# ---------------------------------------------------------------------- selection
-
-
-def _allocate(counts: np.ndarray, total: int) -> np.ndarray:
-    """Split ``total`` over classes proportionally to ``counts`` (largest remainder), each <= its count."""
-    if total >= counts.sum():
-        return counts.copy()
-    exact = counts * (total / counts.sum())
-    quota = np.floor(exact).astype(np.int64)
-    order = np.argsort(-(exact - quota), kind="stable")
-    quota[order[: total - int(quota.sum())]] += 1
-    return np.minimum(quota, counts)
-
-
-def stratified_pick(labels: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
-    """Sorted indices of a stratified random subset of ``n`` labels (all of them if n >= len)."""
-    num_classes = int(labels.max()) + 1 if len(labels) else 0
-    counts = np.bincount(labels, minlength=num_classes)
-    quota = _allocate(counts, n)
-    picked = [rng.permutation(np.flatnonzero(labels == c))[: quota[c]] for c in range(num_classes)]
-    return np.sort(np.concatenate(picked)) if picked else np.zeros(0, dtype=np.int64)
-
-
-def select_indices(labels: np.ndarray, limit: int, rng: np.random.Generator) -> np.ndarray:
-    return (
-        np.arange(len(labels)) if limit <= 0 or limit >= len(labels) else stratified_pick(labels, limit, rng)
-    )
-
-
-def split_validation(labels: np.ndarray, fraction: float, rng: np.random.Generator):
-    """``(train_indices, val_indices)``: a stratified, seeded hold-out of ``fraction`` of the labels."""
-    n_val = int(round(fraction * len(labels)))
-    val = stratified_pick(labels, n_val, rng) if n_val > 0 else np.zeros(0, dtype=np.int64)
-    keep = np.ones(len(labels), dtype=bool)
-    keep[val] = False
-    return np.flatnonzero(keep), val
-
-
-def channel_stats(images: np.ndarray) -> tuple[list[float], list[float]]:
-    """Per-channel mean and std in pixel/255 units, exact, from 256-bin histograms (no float copy)."""
-    if len(images) == 0:
-        return [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
-    values = np.arange(256, dtype=np.float64) / 255.0
-    means, stds = [], []
-    for c in range(images.shape[1]):
-        hist = np.bincount(np.ascontiguousarray(images[:, c]).reshape(-1), minlength=256).astype(np.float64)
-        n = hist.sum()
-        mean = float((hist * values).sum() / n)
-        var = float((hist * (values - mean) ** 2).sum() / n)
-        means.append(mean)
-        stds.append(var**0.5)
-    return means, stds
 
 
 # ------------------------------------------------------------------------ decoding

@@ -18,6 +18,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--summary-json", default=None, help="also write the run summary to this JSON file")
     parser.add_argument("--output-root", default="local_outputs", help="where kfp.local keeps task outputs")
+    parser.add_argument(
+        "-v", "--verbose", dest="show_all", action="store_true",
+        help="print kfp.local's whole output (executor input and outputs, every task line) instead of one "
+        "line per task, the progress lines and the summary; the full logs are in <output-root>/<run>/logs/ either way",
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
         common.parse_key_values(args.param),
         output_root=args.output_root,
         summary_json=args.summary_json,
+        verbose=args.show_all or getattr(args, "verbose", False),
     )
     print(format_summary(summary))
     if args.summary_json:

@@ -7,7 +7,10 @@ import json
 
 from cifar10_kfp_pipelines.commands import common
 
-HELP = "list recent KFP runs with their key metrics (test accuracy, published version) side by side"
+HELP = (
+    "list recent KFP runs (or, with --local, run-local runs) with their key metrics (test accuracy, "
+    "published version) side by side"
+)
 COLUMNS = ("created", "state", "test_acc", "val_acc", "published", "name", "run id")
 
 
@@ -16,6 +19,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--experiment", default=None, help="only runs of this experiment")
     parser.add_argument("--limit", type=int, default=20, help="how many runs (newest first, default 20)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--local", action="store_true",
+        help="runs of run-local / make run, from the run summaries in the object store (MINIO_ENDPOINT, "
+        "else the embedded store's data in --data-dir)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--data-dir", default="local_outputs/object-store",
+        help="with --local and no MINIO_ENDPOINT: the embedded store's data (default local_outputs/object-store)",
+    )  # fmt: skip
 
 
 def _summary_reader(store=None):
@@ -61,6 +73,29 @@ def collect(
     return rows
 
 
+def local_rows(store, limit: int) -> list[dict]:
+    """The rows of ``collect`` for local runs: one per run summary in ``store``, newest first."""
+    import time
+
+    from cifar10_kfp.run_records import recent_summaries
+
+    rows = []
+    for written, summary in recent_summaries(store, limit):
+        metrics = summary.get("metrics") or {}
+        rows.append(
+            {
+                "run_id": summary.get("run_id", ""),
+                "name": summary.get("pipeline", ""),
+                "state": summary.get("status", ""),
+                "created": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(written)) if written else "",
+                "test_accuracy": metrics.get("test_accuracy"),
+                "val_acc": metrics.get("val_acc"),
+                "published": (summary.get("published") or {}).get("version", ""),
+            }
+        )
+    return rows
+
+
 def format_table(rows: list[dict]) -> str:
     def cell(row: dict, column: str) -> str:
         value = {
@@ -77,6 +112,14 @@ def format_table(rows: list[dict]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.local:
+        from cifar10_kfp.storage import ObjectStore
+        from cifar10_kfp_pipelines.local import object_store_env
+
+        with object_store_env(args.data_dir):
+            rows = local_rows(ObjectStore(), args.limit)
+        print(json.dumps(rows, indent=2) if args.json else (format_table(rows) if rows else "no runs"))
+        return 0
     from cifar10_kfp_pipelines.kfp_client import explained_api_errors, make_client
 
     login = common.login_from_args(args)

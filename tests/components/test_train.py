@@ -18,7 +18,13 @@ def _artifacts(tmp_path, dataset_path):
     dataset = dsl.Dataset(name="dataset", uri=str(dataset_path))
     dataset.path = str(dataset_path)
     outputs = {}
-    for name, cls in (("model", dsl.Model), ("metrics", dsl.Metrics), ("history", dsl.Artifact)):
+    kinds = (
+        ("model", dsl.Model),
+        ("metrics", dsl.Metrics),
+        ("history", dsl.Artifact),
+        ("card", dsl.Markdown),
+    )
+    for name, cls in kinds:
         art = cls(name=name, uri=f"file://{tmp_path / name}")
         art.path = str(tmp_path / name)
         outputs[name] = art
@@ -54,6 +60,12 @@ def test_component_trains_checkpoints_to_the_store_and_a_retry_resumes(
     assert out["model"].metadata["checkpoint_uri"] == expected_uri
     assert expected_uri.startswith(store_env.root_uri("checkpoints", "run-abc"))
     assert CheckpointManager(expected_uri, store=store_env).read_pointer()["epoch"] == 2
+    # the curves sit next to the checkpoints, and the Markdown card says where
+    assert out["model"].metadata["tensorboard_uri"] == expected_uri + "/tensorboard"
+    assert (
+        store_env.list(expected_uri + "/tensorboard")
+        and expected_uri + "/tensorboard" in open(out["card"].path).read()
+    )
 
     # a KFP retry of the same task (same run id, same parameters) finds the checkpoint and does not retrain
     dataset, again = _artifacts(tmp_path / "retry", tiny_dataset_path)

@@ -126,6 +126,9 @@ def test_the_summary_is_true_for_every_kfp_version(scenario, version, store_env,
     assert summary["state"] == payloads[version]["state"]
     stored = json.loads(store_env.get_bytes(store_env.root_uri("runs", run_id, "summary.json")))
     assert stored == summary and summary["problems"] == []
+    # the step's log ends with the verdict: a reader sees the failing step and its error first
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith(f"run {status}") and failed_task in last and error in last, last
     if status == "SUCCEEDED":
         assert summary["metrics"]["test_accuracy"] == 0.91
         assert (summary["published"] is None) == (scenario == "gate refused")
@@ -136,6 +139,7 @@ def test_the_summary_is_true_for_every_kfp_version(scenario, version, store_env,
             failure["cause"] == "MemoryError: CUDA out of memory"
             and "test_run_summary.py" in failure["where"]
         )
+        assert last.endswith("(caused by MemoryError: CUDA out of memory)")
 
 
 def test_a_failure_retried_successfully_does_not_fail_the_run(store_env):

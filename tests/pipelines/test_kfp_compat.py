@@ -127,3 +127,57 @@ def test_print_restored_undoes_a_print_left_swapped():
     with kfp_compat.print_restored():
         builtins.print = lambda *args, **kwargs: None  # what an interleaved kfp.local ParallelFor can leave
     assert builtins.print is original
+
+
+@dsl.component(base_image="python:3.11", install_kfp_package=False)
+def chatty(value: int) -> int:
+    print("a line only the task log should hold")
+    print("    epoch train_loss train_acc  val_acc        lr     img/s   elapsed       eta")
+    return value + 1
+
+
+@dsl.pipeline(name="chatty-pipeline")
+def chatty_pipeline(value: int) -> int:
+    return chatty(value=value).output
+
+
+def _kfp_local_internals():
+    from kfp.local import logging_utils, subprocess_task_handler, task_dispatcher
+    from kfp.local.orchestrator import task_executor
+
+    return (task_executor.execute_single_task, task_dispatcher.run_single_task_implementation,
+            subprocess_task_handler.run_local_subprocess, logging_utils.local_logger_context,
+            logging_utils.print_horizontal_line)  # fmt: skip
+
+
+def test_task_output_routed_sends_task_output_to_its_log_and_shows_start_end_and_progress(
+    kfp_local, tmp_path, capsys
+):
+    import io
+
+    from cifar10_kfp_pipelines.local_console import TaskConsole
+
+    before = _kfp_local_internals()
+    shown = io.StringIO()
+    console = TaskConsole(tmp_path / "logs", shown)
+    with kfp_compat.task_output_routed(console):
+        assert chatty_pipeline(value=1).output == 2
+    console.close()
+    assert _kfp_local_internals() == before  # undone afterwards
+    lines = shown.getvalue().splitlines()
+    assert lines[0] == "[chatty] started" and lines[-1].startswith("[chatty] done in ")
+    assert any(line.strip().startswith("epoch train_loss") for line in lines)  # a progress line is shown
+    assert len(lines) == 3
+    log = (tmp_path / "logs" / "chatty.log").read_text()
+    assert "a line only the task log should hold" in log and "executor_input" in log.lower()
+    assert "a line only the task log should hold" not in capsys.readouterr().out
+
+
+def test_task_output_routed_is_skipped_with_a_warning_on_another_kfp(monkeypatch, tmp_path):
+    from cifar10_kfp_pipelines.local_console import TaskConsole
+
+    before = _kfp_local_internals()
+    monkeypatch.setattr(kfp, "__version__", "2.99.0")
+    with pytest.warns(RuntimeWarning, match="task_output_routed not applied.*as with --verbose"):
+        with kfp_compat.task_output_routed(TaskConsole(tmp_path)):
+            assert _kfp_local_internals() == before

@@ -66,6 +66,28 @@ def test_training_pipeline_end_to_end(subset, store_env: ObjectStore, tmp_path, 
     assert stored["status"] == "SUCCEEDED" and stored["published"] == published
     assert stored["gate"]["passed"] is True and stored["failed_task"] == "" and stored["failures"] == []
     assert "test_accuracy" in out and "published" in out  # the final table
+    # quiet by default (issue 16): task lines, the epoch table and the summary; the rest in per-task logs
+    lines = out.splitlines()
+    assert len(lines) < 80 and lines[-1] == f"summary written to {summary_path}", out
+    assert "[train-model] started" in lines and any(
+        line.startswith("[train-model] done in ") for line in lines
+    )
+    assert any(line.strip().startswith("1/1 ") for line in lines)  # the epoch line
+    assert "executor_input" not in out.lower() and "Executing task" not in out
+    logs = tmp_path / "runs" / os.path.basename(summary["local_root"]) / "logs"
+    assert summary["logs"] == str(logs) and any(line.split() == ["logs", str(logs)] for line in lines)
+    assert "Got executor_input" in (logs / "train-model.log").read_text()  # everything else is kept there
+    assert summary["artifacts"]["tensorboard"].startswith(artifacts["checkpoints"])
+    assert store_env.list(summary["artifacts"]["tensorboard"]), "training wrote no TensorBoard curves"
+    # the run appears in the local comparison, and its curves can be fetched for tensorboard
+    assert main(["runs", "--local", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows[0]["run_id"] == summary["run_id"] and rows[0]["state"] == "SUCCEEDED"
+    assert rows[0]["test_accuracy"] == pytest.approx(metrics["test_accuracy"])
+    assert (
+        main(["tensorboard", "--run", summary["run_id"], "--logdir", str(tmp_path / "tb"), "--no-serve"]) == 0
+    )
+    assert list((tmp_path / "tb").glob("events.out.tfevents*"))
 
 
 @pytest.mark.slow
@@ -124,6 +146,25 @@ def test_a_failed_download_is_named_with_its_error_in_the_summary(store_env, tmp
     stored = json.loads(store_env.get_bytes(store_env.root_uri("runs", summary["run_id"], "summary.json")))
     assert (stored["failed_task"], stored["error"]) == (summary["failed_task"], summary["error"])
     assert stored["state"] == "FAILED" and stored["failures"][0]["task"] == "download-dataset"
+
+
+@pytest.mark.slow
+def test_a_missing_dataset_ends_the_output_with_the_step_its_error_and_its_log(store_env, tmp_path, capsys):
+    missing = tmp_path / "no-such-archive.tar.gz"
+    summary_path = tmp_path / "last-summary.json"
+    rc = main(["run-local", *_params(dataset_uri=missing, **FAST), "--summary-json", str(summary_path),
+               "--output-root", str(tmp_path / "runs")])  # fmt: skip
+    assert rc == 1
+    out = capsys.readouterr().out
+    last = "\n".join(out.splitlines()[-10:])
+    error = f"FileNotFoundError: dataset source '{missing}': no such file {missing}"
+    assert "download-dataset" in last and error in last, out
+    summary = json.loads(summary_path.read_text())
+    assert (summary["failed_task"], summary["error"]) == ("download-dataset", error)
+    log = summary["failed_task_log"]
+    assert log in last and log.endswith("logs/download-dataset.log")
+    assert "Traceback (most recent call last)" in open(log).read()  # the full story is in the log
+    assert len(out.splitlines()) < 30 and "Traceback" not in out
 
 
 def test_run_local_rejects_bad_parameters_before_starting_anything(tmp_path, capsys):

@@ -218,3 +218,19 @@ def test_credentials_never_reach_the_result(http, official_archive, monkeypatch)
     assert redact_source("https://u:p@h:8443/a/b.tgz?sig=1") == "https://h:8443/a/b.tgz"
     assert safe_filename("https://h/a/cifar%2010.tar.gz?x=1") == "cifar_10.tar.gz"
     assert safe_filename("https://h/") == "archive"
+
+
+def test_an_http_download_shows_bytes_rate_and_eta_as_lines_off_a_terminal(
+    http, official_archive, monkeypatch, capsys
+):
+    from cifar10_kfp.progress import INTERVAL_ENV, is_progress_line
+
+    monkeypatch.setenv(INTERVAL_ENV, "0")  # a line per block: the archive is smaller than a real one
+    monkeypatch.delenv("MINIO_ENDPOINT", raising=False)
+    url = http.add_file("progress/cifar-10-python.tar.gz", official_archive)
+    fetch_dataset(url, "")
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("download")]
+    assert lines and all(is_progress_line(line) for line in lines) and "\r" not in "".join(lines)
+    assert "100.0%" in lines[-1] and "/s" in lines[-1] and "eta" in lines[-1]
+    done, rest = lines[-1].removeprefix("download").split(" / ")
+    assert done.split() == rest.split()[:2]  # bytes done = bytes announced (Content-Length)

@@ -306,8 +306,18 @@ def _validate_search_space(values: Mapping[str, Any]) -> str:
     """The normalised search space; each range's ends and each choice must make a valid training config."""
     from cifar10_kfp.tune.space import parse_search_space, space_json
 
-    base = training_settings(values)
-    return space_json(parse_search_space(values["search_space"], check=lambda o: train_config(base, o)))
+    base, length = (
+        training_settings(values),
+        {"epochs": values["trial_epochs"]} if values["trial_epochs"] else {},
+    )
+    try:
+        train_config(base, length)
+    except ValueError as exc:
+        raise ValueError(
+            f"trial_epochs={values['trial_epochs']} does not fit the training settings: {exc}"
+        ) from None
+    check = lambda overrides: train_config(base, {**overrides, **length})  # noqa: E731
+    return space_json(parse_search_space(values["search_space"], check=check))
 
 
 def _check_training_config(training: Mapping[str, Any], where: str) -> None:

@@ -167,8 +167,13 @@ def requeue_interrupted(study) -> int:
     return len(interrupted)
 
 
-def make_objective(values: Mapping[str, Any], space: Mapping[str, Dimension], data, runtime, attempt: str):
-    """The function Optuna calls per trial: train, report each epoch's val accuracy, return the last."""
+def make_objective(values: Mapping[str, Any], space: Mapping[str, Dimension], data, runtime, attempt: str,
+                   on_start=lambda: None):  # fmt: skip
+    """The function Optuna calls per trial: train, report each epoch's val accuracy, return the last.
+
+    ``on_start()`` runs once the trial's values are drawn (the study saves itself, so that a
+    retry knows which trial was in flight and re-runs it with the same values).
+    """
     import optuna
 
     from cifar10_kfp.tune.trial import train_trial
@@ -177,6 +182,7 @@ def make_objective(values: Mapping[str, Any], space: Mapping[str, Dimension], da
         searched = {name: dim.suggest(trial) for name, dim in space.items()}
         config = trial_config(values, searched)
         trial.set_user_attr("attempt", attempt)
+        on_start()
         start = time.perf_counter()
 
         def report(row: dict) -> None:
@@ -217,7 +223,9 @@ def run_study(values: Mapping[str, Any], data: str, output_dir: str | os.PathLik
     state.upload()
     runtime = setup_runtime(base.device)
     study_data = StudyData.load(data, runtime)
-    objective = make_objective(values, space, study_data, runtime, uuid.uuid4().hex[:12])
+    objective = make_objective(
+        values, space, study_data, runtime, uuid.uuid4().hex[:12], on_start=state.upload
+    )
     remaining = values["n_trials"] - done
     if remaining > 0:
         study.optimize(

@@ -26,7 +26,10 @@ def _tune(space, **more):
         ({"momentum": {"type": "float", "low": 0.5, "high": 1.5}}, "search_space.momentum: 1.5"),
         ({"batch_size": {"type": "float", "low": 1, "high": 2}}, "search_space.batch_size: type 'float'"),
         ({"batch_size": {"type": "int", "low": 0, "high": 64}}, "search_space.batch_size: 0"),
-        ({"lr_schedule": {"type": "categorical", "choices": ["linear", "cosine"]}}, "search_space.lr_schedule"),
+        (
+            {"lr_schedule": {"type": "categorical", "choices": ["linear", "cosine"]}},
+            "search_space.lr_schedule",
+        ),
         ({"lr": {"type": "uniform", "low": 0.1, "high": 1}}, "search_space.lr: expected an object"),
         ({"lr": {"type": "float", "low": 0.1}}, "search_space.lr: a range needs both"),
         ({"lr": {"type": "categorical", "choices": []}}, "search_space.lr: choices"),
@@ -59,7 +62,11 @@ def test_a_valid_space_is_normalised():
 
 @pytest.mark.parametrize(
     ("name", "value", "allowed"),
-    [("sampler", "grid", "tpe, random"), ("pruner", "asha", "median, hyperband, none"), ("n_trials", 0, "1..1000")],
+    [
+        ("sampler", "grid", "tpe, random"),
+        ("pruner", "asha", "median, hyperband, none"),
+        ("n_trials", 0, "1..1000"),
+    ],
 )
 def test_study_settings_are_checked(name, value, allowed):
     with pytest.raises(ValueError, match=rf"^{name}={value!r} is out of range: use .*{allowed}"):
@@ -79,4 +86,6 @@ def test_the_cli_refuses_a_bad_space_before_reading_the_data(tmp_path, capsys):
 
 def test_trials_shorter_than_a_chosen_warm_up_are_refused():
     with pytest.raises(ValueError, match=r"^trial_epochs=1 does not fit .*warmup_epochs=3.0"):
-        validate_pipeline_params({"extra_hparams": '{"warmup_epochs": 3}', "epochs": 5, "trial_epochs": 1}, "tune")
+        validate_pipeline_params(
+            {"extra_hparams": '{"warmup_epochs": 3}', "epochs": 5, "trial_epochs": 1}, "tune"
+        )

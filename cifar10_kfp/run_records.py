@@ -225,3 +225,13 @@ def read_summary(store: ObjectStore, run_id: str) -> dict | None:
         return RunRecords(store, run_id).read(SUMMARY)
     except (StorageError, ValueError):
         return None
+
+
+def tune_figures(
+    record: dict, *, tune_metrics: ArtifactLike, tune_report: ArtifactLike, best_params: dict
+) -> dict:
+    """A tuned run's ``outputs.json``: the training record plus the study's figures, report and best values."""
+    out = {**record, "metrics": {**record["metrics"], **_scalars(tune_metrics.metadata)},
+           "artifacts": {**record["artifacts"], "tune_report": tune_report.uri, "tune_metrics": tune_metrics.uri}}  # fmt: skip
+    out["best_trial"] = dict(best_params)
+    return out

@@ -186,7 +186,7 @@ BUILD_PARAMS: dict[str, tuple[Param, ...]] = {
 
 
 def pipeline_params(pipeline: str = "training") -> tuple[Param, ...]:
-    """The parameters of ``pipeline`` (``training`` or ``sweep``), in signature order."""
+    """The parameters of ``pipeline`` (``training``, ``sweep`` or ``tune``), in signature order."""
     try:
         return PIPELINE_PARAMS[pipeline]
     except KeyError:

@@ -303,6 +303,11 @@ BENCHMARKS: dict[str, tuple[str, str, Callable[[BenchContext], dict]]] = {
         "`run-local` (kfp.local) end to end vs the same steps as library calls in one process",
         _mine("benchmarks.bench_pipeline"),
     ),
+    "tune": (
+        "Tuning: Optuna vs grid",
+        "Optuna TPE + median pruning vs the grid sweep: best val accuracy and compute, same space and budget",
+        _mine("benchmarks.bench_tune"),
+    ),
     "time_to_accuracy": (
         "CPU time to accuracy",
         "`seed` vs `cpu` preset on the full real dataset: time to the seed's accuracy, accuracy in a budget",

@@ -340,8 +340,12 @@ def train_in_this_process(
 
 
 def fit(state: TrainingState, run: RunData, config: TrainConfig, runtime: Runtime, checkpoints: RunCheckpoints,
-        clock: RunClock) -> None:  # fmt: skip
-    """The epoch loop: train, evaluate, record, checkpoint, until ``config.epochs`` are done."""
+        clock: RunClock, on_epoch: Callable[[dict], None] | None = None) -> None:  # fmt: skip
+    """The epoch loop: train, evaluate, record, checkpoint, until ``config.epochs`` are done.
+
+    ``on_epoch(row)`` runs after each epoch's history row; an exception it raises (a tuning
+    trial's ``optuna.TrialPruned``) ends the loop there.
+    """
     printer = ProgressPrinter(config.progress and runtime.is_main, config.epochs)
     show_bar = config.progress and runtime.is_main and sys.stdout.isatty()
     autocast = autocast_context(config, runtime.device)
@@ -369,6 +373,8 @@ def fit(state: TrainingState, run: RunData, config: TrainConfig, runtime: Runtim
             printer(row, clock.eta_s(config.epochs - state.epoch))
             curves.epoch(row)
             checkpoints.at_epoch_end(state)
+            if on_epoch is not None:
+                on_epoch(row)
     finally:
         curves.close()
 

@@ -9,6 +9,7 @@ those modules, so each rule is written once in the project.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable
 
@@ -164,3 +165,38 @@ def kubernetes_names(value: str) -> str | None:
     if not bad:
         return None
     return f"use '' or comma-separated Kubernetes secret names; {bad[0]!r} is not one"
+
+
+def coerce(name: str, kind: type, value):
+    """Convert ``value`` to the parameter's type, accepting the string forms a command line gives."""
+    if kind is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{name}={value!r} has the wrong type: expected a string")
+        return value
+    expected = "an integer" if kind is int else "a number"
+    if isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} has the wrong type: expected {expected}")
+    if kind is int:
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str) and re.fullmatch(r"\s*[-+]?\d+\s*", value):
+            return int(value)
+        raise ValueError(f"{name}={value!r} has the wrong type: expected {expected}")
+    try:
+        number = float(value) if isinstance(value, (int, float, str)) else None
+    except ValueError:
+        number = None
+    if number is None:
+        raise ValueError(f"{name}={value!r} has the wrong type: expected {expected}")
+    if not math.isfinite(number):
+        raise ValueError(f"{name}={value!r} is not a finite number")
+    return number
+
+
+def one_of(*choices: str) -> Check:
+    def check(value: str) -> str | None:
+        return None if value in choices else f"use one of {', '.join(choices)}"
+
+    return check

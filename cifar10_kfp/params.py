@@ -1,6 +1,6 @@
 """The pipeline parameters: one table of names, types, defaults, descriptions and rules.
 
-Everything else is derived from ``TRAINING_PARAMS`` / ``SWEEP_PARAMS``: the pipelines'
+Everything else is derived from ``TRAINING_PARAMS`` / ``SWEEP_PARAMS`` / ``TUNE_PARAMS``: the pipelines'
 signatures and docstrings (what the KFP UI shows, ``signature`` and ``docstring``), the
 validate components, the ``cifar10-kfp train`` flags, and the one mapping from pipeline values
 to a ``TrainConfig`` (``train_config``). A training knob has the name of its ``TrainConfig``
@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +33,7 @@ MAX_GPUS_PER_NODE = 16  # the largest GPU node shapes in common clouds
 MAX_NODES = 64  # beyond this, the Trainer's rendezvous and our object-store checkpointing need tuning
 MAX_SWEEP_TRIALS = 64
 MAX_PARALLELISM = 32
+MAX_TUNE_TRIALS = 1000
 
 
 @dataclass(frozen=True)
@@ -150,12 +149,35 @@ _SWEEP_ONLY: tuple[Param, ...] = (
 )  # fmt: skip
 # The sweep trains every trial on one node: Trainer jobs per trial would multiply cluster demand.
 SWEEP_PARAMS: tuple[Param, ...] = tuple(p for p in TRAINING_PARAMS if not p.multi_node) + _SWEEP_ONLY
-PIPELINE_PARAMS = {"training": TRAINING_PARAMS, "sweep": SWEEP_PARAMS}
+
+DEFAULT_SEARCH_SPACE = (
+    '{"label_smoothing": {"high": 0.3, "low": 0.0, "type": "float"}, '
+    '"lr": {"high": 1.0, "log": true, "low": 0.05, "type": "float"}}'
+)
+_TUNE_ONLY: tuple[Param, ...] = (
+    _P("search_space", str, DEFAULT_SEARCH_SPACE,
+       'JSON object: TrainConfig field -> {"type": "float"|"int", "low", "high", "log"} or {"type": '
+       '"categorical", "choices": [...]}; the pipeline\'s training settings hold the other fields.'),
+    _P("n_trials", int, 20, f"Trials the study runs (pruned ones count), 1..{MAX_TUNE_TRIALS}.",
+       rule.int_range(1, MAX_TUNE_TRIALS)),
+    _P("timeout_s", int, 0, "Stop starting trials after this many seconds, 0..604800; 0 for no limit.",
+       rule.int_range(0, 604_800)),
+    _P("sampler", str, "tpe", "Optuna sampler: tpe (Bayesian) or random.", rule.one_of("tpe", "random")),
+    _P("pruner", str, "median",
+       "Stop unpromising trials early: median, hyperband or none.", rule.one_of("median", "hyperband", "none")),
+    _P("trial_epochs", int, 0,
+       "Epochs each trial trains, 1..10000; 0 uses the training epochs. The final model trains the full epochs.",
+       rule.int_range(0, 10_000)),
+)  # fmt: skip
+# The tune step runs its trials in one pod, and the final training on one node, like the sweep.
+TUNE_PARAMS: tuple[Param, ...] = tuple(p for p in TRAINING_PARAMS if not p.multi_node) + _TUNE_ONLY
+PIPELINE_PARAMS = {"training": TRAINING_PARAMS, "sweep": SWEEP_PARAMS, "tune": TUNE_PARAMS}
 
 # Settings fixed when the pipeline is compiled, not run-time parameters: kfp 2.17's
 # dsl.ParallelFor takes `parallelism` as a Python int (IR iterator_policy.parallelism_limit).
 BUILD_PARAMS: dict[str, tuple[Param, ...]] = {
     "training": (),
+    "tune": (),
     "sweep": (
         _P("parallelism", int, 2, f"Trials trained at the same time, 1..{MAX_PARALLELISM} (set at compile time).",
            rule.int_range(1, MAX_PARALLELISM)),
@@ -164,7 +186,7 @@ BUILD_PARAMS: dict[str, tuple[Param, ...]] = {
 
 
 def pipeline_params(pipeline: str = "training") -> tuple[Param, ...]:
-    """The parameters of ``pipeline`` (``training`` or ``sweep``), in signature order."""
+    """The parameters of ``pipeline`` (``training``, ``sweep`` or ``tune``), in signature order."""
     try:
         return PIPELINE_PARAMS[pipeline]
     except KeyError:
@@ -205,31 +227,7 @@ def docstring(pipeline: str, summary: str, *, sections: str = "") -> str:
 
 def _coerce(param: Param, value: Any) -> Any:
     """Convert ``value`` to the parameter's type, accepting the string forms a command line gives."""
-    name, kind = param.name, param.kind
-    if kind is str:
-        if not isinstance(value, str):
-            raise ValueError(f"{name}={value!r} has the wrong type: expected a string")
-        return value
-    expected = "an integer" if kind is int else "a number"
-    if isinstance(value, bool):
-        raise ValueError(f"{name}={value!r} has the wrong type: expected {expected}")
-    if kind is int:
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str) and re.fullmatch(r"\s*[-+]?\d+\s*", value):
-            return int(value)
-        raise ValueError(f"{name}={value!r} has the wrong type: expected {expected}")
-    try:
-        number = float(value) if isinstance(value, (int, float, str)) else None
-    except ValueError:
-        number = None
-    if number is None:
-        raise ValueError(f"{name}={value!r} has the wrong type: expected {expected}")
-    if not math.isfinite(number):
-        raise ValueError(f"{name}={value!r} is not a finite number")
-    return number
+    return rule.coerce(param.name, param.kind, value)
 
 
 def coerce_params(params: Mapping[str, Any], pipeline: str = "training") -> dict[str, Any]:
@@ -292,7 +290,11 @@ def validate_pipeline_params(params: Mapping[str, Any], pipeline: str = "trainin
             f"(num_nodes={values['num_nodes']})"
         )
     if pipeline == "sweep":
-        values["hparam_sets"] = json.dumps(_validate_trials(values), sort_keys=True)
+        from cifar10_kfp.param_sets import validate_trials
+
+        values["hparam_sets"] = json.dumps(validate_trials(values), sort_keys=True)
+    if pipeline == "tune":
+        values["search_space"] = _validate_search_space(values)
     return values
 
 
@@ -300,39 +302,22 @@ def _normalise_json_object(text: str) -> str:
     return json.dumps(json.loads(text), sort_keys=True) if text.strip() not in ("", "{}") else ""
 
 
-def _validate_trials(values: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Each sweep trial = the pipeline's training settings overridden by the trial's own keys."""
-    specs = {p.name: p for p in TRAINING_PARAMS}
-    trials = []
-    for index, trial in enumerate(json.loads(values["hparam_sets"])):
-        where = f"hparam_sets[{index}]."
-        unknown = sorted(set(trial) - set(TRAINING_KEYS))
-        if unknown:
-            raise ValueError(
-                f"{where}{unknown[0]} is not a trial setting: each trial may set {', '.join(TRAINING_KEYS)}"
-            )
-        merged = training_settings(values)
-        for key, raw in trial.items():
-            if key == "extra_hparams" and isinstance(raw, dict):
-                raw = json.dumps(raw)
-            try:
-                merged[key] = _coerce(specs[key], raw)
-            except ValueError as exc:
-                raise ValueError(f"{where}{exc}") from None
-            _check(specs[key], merged[key], where)
-        merged["extra_hparams"] = _normalise_json_object(merged["extra_hparams"])
-        _check_training_config(merged, where=where)
-        trials.append(merged)
-    seen: dict[str, int] = {}
-    for index, trial in enumerate(trials):
-        key = json.dumps(trial, sort_keys=True)
-        if key in seen:
-            raise ValueError(
-                f"hparam_sets[{index}] repeats hparam_sets[{seen[key]}]: trials must differ, or they would "
-                "train the same model twice and waste a GPU"
-            )
-        seen[key] = index
-    return trials
+def _validate_search_space(values: Mapping[str, Any]) -> str:
+    """The normalised search space; each range's ends and each choice must make a valid training config."""
+    from cifar10_kfp.tune.space import parse_search_space, space_json
+
+    base, length = (
+        training_settings(values),
+        {"epochs": values["trial_epochs"]} if values["trial_epochs"] else {},
+    )
+    try:
+        train_config(base, length)
+    except ValueError as exc:
+        raise ValueError(
+            f"trial_epochs={values['trial_epochs']} does not fit the training settings: {exc}"
+        ) from None
+    check = lambda overrides: train_config(base, {**overrides, **length})  # noqa: E731
+    return space_json(parse_search_space(values["search_space"], check=check))
 
 
 def _check_training_config(training: Mapping[str, Any], where: str) -> None:
@@ -370,11 +355,14 @@ def training_overrides(training: Mapping[str, Any]) -> dict[str, Any]:
     return overrides
 
 
-def train_config(training: Mapping[str, Any]):
-    """The ``TrainConfig`` a training-settings dict stands for: the one mapping every train path uses."""
+def train_config(training: Mapping[str, Any], searched: Mapping[str, Any] | None = None):
+    """The ``TrainConfig`` a training-settings dict stands for: the one mapping every train path uses.
+
+    ``searched`` (a tuning trial's values) overrides every other setting, knobs included.
+    """
     from cifar10_kfp.config import make_config
 
-    return make_config(training["preset"], training_overrides(training))
+    return make_config(training["preset"], {**training_overrides(training), **(searched or {})})
 
 
 def checkpoint_prefix(checkpoint_uri: str, run_id: str, config, store=None) -> str:

@@ -243,3 +243,13 @@ def recent_summaries(store: ObjectStore, limit: int = 20) -> list[tuple[float, d
         except (StorageError, ValueError):
             continue  # one unreadable summary must not hide the others
     return sorted(found, key=lambda pair: pair[0], reverse=True)[:limit]
+
+
+def tune_figures(
+    record: dict, *, tune_metrics: ArtifactLike, tune_report: ArtifactLike, best_params: dict
+) -> dict:
+    """A tuned run's ``outputs.json``: the training record plus the study's figures, report and best values."""
+    out = {**record, "metrics": {**record["metrics"], **_scalars(tune_metrics.metadata)},
+           "artifacts": {**record["artifacts"], "tune_report": tune_report.uri, "tune_metrics": tune_metrics.uri}}  # fmt: skip
+    out["best_trial"] = dict(best_params)
+    return out

@@ -1,6 +1,6 @@
-"""The first step of both pipelines: check every parameter in seconds, before any GPU pod.
+"""The first step of every pipeline: check every parameter in seconds, before any GPU pod.
 
-The rules live in ``cifar10_kfp.params``, and so do the parameters: the two components here
+The rules live in ``cifar10_kfp.params``, and so do the parameters: the components here
 are generated from ``cifar10_kfp.params.signature`` and ``docstring``, so they take exactly
 the pipeline's parameters. A lightweight component ships its function's *source* to the
 container, so the source is generated too (``_component_source``) and registered in
@@ -86,6 +86,20 @@ validate_sweep_params = _generated_component(
     {
         "gpu_limit": _GPU_LIMIT,
         "trials": (list, "One complete dict of training settings per trial, for ``dsl.ParallelFor``."),
+        "params_json": _PARAMS_JSON,
+    },
+)
+
+validate_tune_params = _generated_component(
+    "validate_tune_params",
+    "tune",
+    "Validate the tune pipeline's parameters, the search space included.",
+    {
+        "gpu_limit": _GPU_LIMIT,
+        "training": (
+            dict,
+            "The training settings every trial starts from (preset, knobs, extra_hparams), normalised.",
+        ),
         "params_json": _PARAMS_JSON,
     },
 )

@@ -6,12 +6,12 @@ from pathlib import Path
 
 from cifar10_kfp_pipelines.policy import ClusterPolicy
 
-PIPELINE_NAMES = {"training": "cifar10-training", "sweep": "cifar10-sweep"}
+PIPELINE_NAMES = {"training": "cifar10-training", "sweep": "cifar10-sweep", "tune": "cifar10-tune"}
 COMPILED_DIR = Path(__file__).resolve().parent / "compiled"
 
 
 def resolve(name: str) -> str:
-    """``training``/``sweep`` or the full names ``cifar10-training``/``cifar10-sweep`` -> the short name."""
+    """``training``/``sweep``/``tune`` or the full names (``cifar10-training`` ...) -> the short name."""
     for short, full in PIPELINE_NAMES.items():
         if name in (short, full):
             return short
@@ -21,9 +21,13 @@ def resolve(name: str) -> str:
 def build(name: str, policy: ClusterPolicy | None = None, **build_params):
     """The pipeline (a kfp ``GraphComponent``) with ``policy`` and compile-time settings applied."""
     short = resolve(name)
-    if short == "training":
+    if short in ("training", "tune"):
         if build_params:
-            raise ValueError(f"the training pipeline has no build settings, got {', '.join(build_params)}")
+            raise ValueError(f"the {short} pipeline has no build settings, got {', '.join(build_params)}")
+        if short == "tune":
+            from cifar10_kfp_pipelines.tune import build_tune_pipeline
+
+            return build_tune_pipeline(policy)
         from cifar10_kfp_pipelines.training import build_training_pipeline
 
         return build_training_pipeline(policy)

@@ -17,6 +17,7 @@ COMMANDS = {
     "store": "store",
     "data": "data",
     "train": "train",
+    "tune": "tune",
     "evaluate": "evaluate",
     "publish": "publish",
     "predict": "predict",

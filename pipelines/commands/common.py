@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-PIPELINES = ("training", "sweep")
+PIPELINES = ("training", "sweep", "tune")
 
 
 def parse_key_values(items: list[str], *, flag: str = "--param") -> dict[str, str]:

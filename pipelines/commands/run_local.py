@@ -7,7 +7,7 @@ import argparse
 from cifar10_kfp_pipelines.commands import common
 
 HELP = (
-    "run the training or sweep pipeline locally (kfp.local) on an embedded object store, or on MINIO_ENDPOINT"
+    "run the training, sweep or tune pipeline locally (kfp.local) on an embedded object store, or on MINIO_ENDPOINT"
 )
 
 

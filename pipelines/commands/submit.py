@@ -6,7 +6,7 @@ import argparse
 
 from cifar10_kfp_pipelines.commands import common
 
-HELP = "start a run of the training (or sweep) pipeline on a KFP cluster and print its URL"
+HELP = "start a run of the training, sweep or tune pipeline on a KFP cluster and print its URL"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

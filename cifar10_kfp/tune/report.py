@@ -1,0 +1,129 @@
+"""A study's outputs: best params, metrics, a table of the trials and an HTML report.
+
+The report has Optuna's own matplotlib plots (optimisation history, parameter importances,
+intermediate values) as embedded PNGs and one table row per trial; like the evaluation report
+(``cifar10_kfp.report``) it loads nothing from outside and has no script.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from cifar10_kfp.report import CSP, _figure_png, png_data_uri
+
+log = logging.getLogger(__name__)
+
+FILES = ("best_params.json", "best_training.json", "metrics.json", "trials.json", "report.html")
+
+
+def trial_rows(study) -> list[dict]:
+    """One dict per trial: number, state, value, params, epochs run, seconds, which process ran it."""
+    rows = []
+    for trial in study.get_trials(deepcopy=False):
+        rows.append(
+            {
+                "number": trial.number, "state": trial.state.name, "value": trial.value, "params": trial.params,
+                "epochs_run": trial.user_attrs.get("epochs_run", 0), "train_s": trial.user_attrs.get("train_s", 0.0),
+                "attempt": trial.user_attrs.get("attempt", ""), "rerun_of": trial.user_attrs.get("rerun_of"),
+            }
+        )  # fmt: skip
+    return rows
+
+
+def study_metrics(rows: list[dict], best_value: float) -> dict:
+    """best_value, trials_completed, trials_pruned, trials_failed, and the compute the trials used."""
+    count = lambda state: sum(row["state"] == state for row in rows)  # noqa: E731
+    return {
+        "best_value": float(best_value),
+        "trials_completed": count("COMPLETE"),
+        "trials_pruned": count("PRUNED"),
+        "trials_failed": count("FAIL"),
+        "trial_epochs_total": sum(int(row["epochs_run"]) for row in rows),
+        "trial_seconds_total": round(sum(float(row["train_s"]) for row in rows), 3),
+    }
+
+
+def _plots(study) -> list[tuple[str, bytes | str]]:
+    """(title, PNG) per Optuna plot, or (title, why it is missing)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import optuna
+    import optuna.visualization.matplotlib as ovm
+
+    out = []
+    for title, plot in (
+        ("Optimisation history", ovm.plot_optimization_history),
+        ("Parameter importances", ovm.plot_param_importances),
+        ("Intermediate values (validation accuracy per epoch)", ovm.plot_intermediate_values),
+    ):
+        try:
+            with warnings.catch_warnings():  # Optuna marks its matplotlib plots experimental
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                axes = plot(study)
+            figure = axes.figure if hasattr(axes, "figure") else axes.flat[0].figure
+            out.append((title, _figure_png(figure)))
+            plt.close(figure)
+        except (
+            ValueError,
+            RuntimeError,
+            ZeroDivisionError,
+        ) as exc:  # e.g. importances need 2+ complete trials
+            out.append((title, f"not available: {exc}"))
+    return out
+
+
+def render_html(study, rows: list[dict], metrics: dict, best_params: dict) -> str:
+    esc = lambda value: html.escape(str(value), quote=True)  # noqa: E731
+    names = sorted({name for row in rows for name in row["params"]})
+    head = "".join(f"<th>{esc(n)}</th>" for n in ("#", "state", "val_acc", *names, "epochs", "seconds"))
+    body = []
+    for row in rows:
+        value = "" if row["value"] is None else f"{row['value']:.4f}"
+        cells = [row["number"], row["state"], value, *(row["params"].get(n, "") for n in names),
+                 row["epochs_run"], row["train_s"]]  # fmt: skip
+        body.append("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>")
+    figures = []
+    for title, png in _plots(study):
+        inner = f'<img alt="{esc(title)}" src="{png_data_uri(png)}">' if isinstance(png, bytes) else esc(png)
+        figures.append(f"<h2>{esc(title)}</h2>{inner}")
+    kpis = " ".join(f"<b>{esc(k)}</b>: {esc(v)}" for k, v in metrics.items())
+    return (
+        f'<!doctype html><html><head><meta charset="utf-8"><meta http-equiv="Content-Security-Policy" '
+        f'content="{CSP}"><title>cifar10-tune study</title></head><body style="font-family:sans-serif">'
+        f"<h1>Optuna study</h1><p>{kpis}</p><p>best params: <code>{esc(json.dumps(best_params))}</code></p>"
+        + "".join(figures)
+        + f"<h2>Trials</h2><table border=1 cellpadding=3><tr>{head}</tr>{''.join(body)}</table></body></html>"
+    )
+
+
+def write_outputs(study, values: Mapping[str, Any], output_dir: Path, training_with: Callable):
+    """Write ``FILES`` to ``output_dir``; the ``TuneResult``. Raises if no trial completed."""
+    from cifar10_kfp import params
+    from cifar10_kfp.tune.study import TuneResult
+
+    rows = trial_rows(study)
+    if not any(row["state"] == "COMPLETE" for row in rows):
+        states = ", ".join(f"{row['number']}: {row['state']}" for row in rows) or "none ran"
+        raise RuntimeError(
+            f"no trial completed ({states}): widen the search space, or raise timeout_s/n_trials"
+        )
+    best = study.best_trial
+    metrics = study_metrics(rows, best.value)
+    best_training = training_with(params.training_settings(values), best.params)
+    outputs = {"best_params.json": best.params, "best_training.json": best_training, "metrics.json": metrics,
+               "trials.json": rows}  # fmt: skip
+    for name, payload in outputs.items():
+        (output_dir / name).write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    (output_dir / "report.html").write_text(render_html(study, rows, metrics, best.params))
+    log.info(
+        "study: best val_acc %.4f with %s (%s)", best.value, json.dumps(best.params), json.dumps(metrics)
+    )
+    return TuneResult(best.params, float(best.value), best_training, metrics, rows, output_dir)

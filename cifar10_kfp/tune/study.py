@@ -1,0 +1,241 @@
+"""The study: Optuna trials one after another in this process, its state in the object store.
+
+``run_study(values, data, output_dir, study_uri=...)`` takes a tune pipeline's validated values
+(``cifar10_kfp.params.validate_pipeline_params(..., "tune")``): the training settings every trial
+starts from, ``search_space``, ``n_trials``, ``timeout_s``, ``sampler``, ``pruner`` and
+``trial_epochs``. Each trial's ``TrainConfig`` is ``params.train_config(training, searched)``:
+the one pipeline -> config mapping, with the trial's values on top. A trial reports its
+validation accuracy after every epoch and the pruner may stop it there.
+
+Retries: the study lives in an Optuna ``JournalStorage`` (a JSON-lines file) that is uploaded to
+``<study_uri>/study.journal`` after every trial (an object-store PUT replaces the object whole, and
+a local copy is written to a temporary name and renamed). A re-run with the same ``study_uri``
+downloads it and goes on: finished trials (complete or pruned) are kept and count toward
+``n_trials``; a trial that was in flight is marked failed and re-run with the same values. The
+study refuses a journal made with other settings, naming the first that differs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cifar10_kfp import params
+from cifar10_kfp.tune.space import Dimension, parse_search_space
+
+log = logging.getLogger(__name__)
+
+STUDY_NAME = "cifar10-tune"
+JOURNAL = "study.journal"
+_SETTINGS_ATTR = "settings"
+
+
+@dataclass
+class TuneResult:
+    """What a study found; ``best_training`` is the train step's settings dict for the best trial."""
+
+    best_params: dict
+    best_value: float
+    best_training: dict
+    metrics: dict
+    trials: list[dict] = field(default_factory=list)
+    output_dir: Path = field(default_factory=Path)
+
+
+def training_with(training: Mapping[str, Any], searched: Mapping[str, Any]) -> dict:
+    """Training settings with ``searched`` folded in: a knob by its own name, any other field in ``extra_hparams``.
+
+    ``params.train_config`` of the result equals ``params.train_config(training, searched)``.
+    """
+    knobs = {knob.name for knob in params.CONFIG_KNOBS}
+    out = dict(training)
+    extra = json.loads(out.get("extra_hparams") or "{}")
+    for name, value in searched.items():
+        if name in knobs:
+            out[name] = value
+        else:
+            extra[name] = value
+    out["extra_hparams"] = json.dumps(extra, sort_keys=True) if extra else ""
+    return out
+
+
+def trial_config(values: Mapping[str, Any], searched: Mapping[str, Any]):
+    """The ``TrainConfig`` of one trial: the pipeline's settings, the searched values, ``trial_epochs``."""
+    extra = {"progress": False}
+    if values["trial_epochs"]:
+        extra["epochs"] = values["trial_epochs"]
+    return params.train_config(params.training_settings(values), {**searched, **extra})
+
+
+def default_study_uri(checkpoint_uri: str, run_id: str, store=None) -> str:
+    """``<checkpoint_uri>/tune``, else ``<store root>/tune/<run_id>``: a retried task finds its study."""
+    if checkpoint_uri:
+        return f"{checkpoint_uri.rstrip('/')}/tune"
+    from cifar10_kfp.storage import root_uri
+
+    safe = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in str(run_id)).strip("-.")
+    if not safe:
+        raise ValueError(f"run_id {run_id!r} has no usable characters; pass a study URI")
+    return (store.root_uri if store is not None else root_uri)("tune", safe)
+
+
+class StudyState:
+    """The journal file here and its copy at ``<study_uri>/study.journal``."""
+
+    def __init__(self, study_uri: str, work_dir: Path, store=None):
+        from cifar10_kfp.storage import ObjectStore
+
+        self.uri = f"{study_uri.rstrip('/')}/{JOURNAL}"
+        self.path = Path(work_dir) / JOURNAL
+        self.store = store or ObjectStore()
+
+    def download(self) -> bool:
+        """Fetch the saved journal, if any; True when there was one."""
+        from cifar10_kfp.storage import ObjectNotFound
+
+        try:
+            self.path.write_bytes(self.store.get_bytes(self.uri))
+        except ObjectNotFound:
+            return False
+        return True
+
+    def upload(self) -> None:
+        self.store.put_bytes(self.path.read_bytes(), self.uri)
+
+
+def _sampler(name: str, seed: int):
+    import optuna
+
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=5)
+
+
+def _pruner(name: str, epochs: int):
+    import optuna
+
+    if name == "median":  # compare from the first epoch on, once two trials have finished
+        return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
+    if name == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=max(1, epochs))
+    return optuna.pruners.NopPruner()
+
+
+def _settings_key(values: Mapping[str, Any]) -> dict:
+    keys = (*params.TRAINING_KEYS, "search_space", "sampler", "pruner", "trial_epochs")
+    return {key: values[key] for key in keys}
+
+
+def open_study(values: Mapping[str, Any], journal: Path, epochs: int):
+    """Create or load the study in ``journal``; refuse one made with other settings."""
+    import optuna
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    storage = JournalStorage(JournalFileBackend(str(journal)))
+    study = optuna.create_study(
+        study_name=STUDY_NAME, storage=storage, direction="maximize", load_if_exists=True,
+        sampler=_sampler(values["sampler"], values["seed"]), pruner=_pruner(values["pruner"], epochs),
+    )  # fmt: skip
+    settings = _settings_key(values)
+    saved = study.user_attrs.get(_SETTINGS_ATTR)
+    if saved is None:
+        study.set_user_attr(_SETTINGS_ATTR, settings)
+    elif saved != settings:
+        differ = next(key for key in settings if saved.get(key) != settings[key])
+        raise ValueError(
+            f"the saved study was made with {differ}={saved.get(differ)!r}, not {settings[differ]!r}: "
+            "use another study location (checkpoint_uri / --study-uri) or the same settings"
+        )
+    return study
+
+
+def requeue_interrupted(study) -> int:
+    """Mark trials left running by a killed process as failed, and queue their values again."""
+    from optuna.trial import TrialState
+
+    interrupted = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    for trial in interrupted:
+        study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        study.enqueue_trial(trial.params, user_attrs={"rerun_of": trial.number})
+    return len(interrupted)
+
+
+def make_objective(values: Mapping[str, Any], space: Mapping[str, Dimension], data, runtime, attempt: str,
+                   on_start=lambda: None):  # fmt: skip
+    """The function Optuna calls per trial: train, report each epoch's val accuracy, return the last.
+
+    ``on_start()`` runs once the trial's values are drawn (the study saves itself, so that a
+    retry knows which trial was in flight and re-runs it with the same values).
+    """
+    import optuna
+
+    from cifar10_kfp.tune.trial import train_trial
+
+    def objective(trial) -> float:
+        searched = {name: dim.suggest(trial) for name, dim in space.items()}
+        config = trial_config(values, searched)
+        trial.set_user_attr("attempt", attempt)
+        on_start()
+        start = time.perf_counter()
+
+        def report(row: dict) -> None:
+            trial.set_user_attr("epochs_run", row["epoch"])
+            trial.set_user_attr("train_s", round(time.perf_counter() - start, 3))
+            trial.report(row["val_acc"], row["epoch"])
+            if trial.should_prune():
+                raise optuna.TrialPruned(f"val_acc {row['val_acc']:.4f} after epoch {row['epoch']}")
+
+        history = train_trial(config, data, runtime, report)
+        log.info("trial %d: val_acc %.4f %s", trial.number, history[-1]["val_acc"], json.dumps(searched))
+        return float(history[-1]["val_acc"])
+
+    return objective
+
+
+def run_study(values: Mapping[str, Any], data: str, output_dir: str | os.PathLike, *, study_uri: str,
+              store=None) -> TuneResult:  # fmt: skip
+    """Run (or resume) the study on the prepared dataset ``data``; write its outputs to ``output_dir``."""
+    import optuna
+
+    from cifar10_kfp.distributed import setup_runtime
+    from cifar10_kfp.tune.report import write_outputs
+    from cifar10_kfp.tune.trial import StudyData
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    space = parse_search_space(values["search_space"])
+    base = trial_config(values, {})
+    state = StudyState(study_uri, output_dir, store)
+    resumed = state.download()
+    study = open_study(values, state.path, base.epochs)
+    requeued = requeue_interrupted(study)
+    done = _finished(study)
+    if resumed:
+        log.info("resuming study %s: %d finished trial(s) kept, %d re-queued", state.uri, done, requeued)
+    state.upload()
+    runtime = setup_runtime(base.device)
+    study_data = StudyData.load(data, runtime)
+    objective = make_objective(
+        values, space, study_data, runtime, uuid.uuid4().hex[:12], on_start=state.upload
+    )
+    remaining = values["n_trials"] - done
+    if remaining > 0:
+        study.optimize(
+            objective, n_trials=remaining, timeout=values["timeout_s"] or None,
+            callbacks=[lambda _study, _trial: state.upload()], gc_after_trial=True,
+        )  # fmt: skip
+    return write_outputs(study, values, output_dir, training_with)
+
+
+def _finished(study) -> int:
+    from optuna.trial import TrialState
+
+    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))

@@ -100,7 +100,8 @@ def _library_steps(params: dict, workdir: Path) -> dict:
         from cifar10_kfp.data.preprocess import prepare_to_file
         from cifar10_kfp.engine import default_checkpoint_uri, train
         from cifar10_kfp.evaluate import evaluate_model, write_outputs
-        from cifar10_kfp.params import train_config, training_settings, validate_pipeline_params
+        from cifar10_kfp.param_validation import validate_pipeline_params
+        from cifar10_kfp.params import train_config, training_settings
         from cifar10_kfp.publish import publish_model, run_gate
         from cifar10_kfp.storage import open_store
 

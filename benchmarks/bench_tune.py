@@ -82,7 +82,7 @@ def run(ctx: BenchContext) -> dict:
 
 def _search(ctx: BenchContext, n_train: int, n_val: int, epochs: int, tmp: Path):
     """The grid, then the study, on the same subset; (grid rows, TuneResult, the study's values)."""
-    from cifar10_kfp.params import validate_pipeline_params
+    from cifar10_kfp.param_validation import validate_pipeline_params
     from cifar10_kfp.tune.study import run_study
 
     data = _subset(ctx, n_train, n_val, tmp)

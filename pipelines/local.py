@@ -73,11 +73,13 @@ def object_store_env(data_dir: str | os.PathLike | None = None) -> Iterator[dict
 def _resolve_params(pipeline: str, params: dict[str, Any], validate: bool = True):
     """Split into run-time parameters (typed; validated and complete unless ``validate`` is False)
     and compile-time settings."""
+    from cifar10_kfp.param_validation import (
+        validate_build_params,
+        validate_pipeline_params,
+    )
     from cifar10_kfp.params import (
         BUILD_PARAMS,
         coerce_params,
-        validate_build_params,
-        validate_pipeline_params,
     )
 
     build_names = {p.name for p in BUILD_PARAMS[pipeline]}

@@ -192,6 +192,47 @@ def verify_archive(path: str | os.PathLike, *, limits: ArchiveLimits | None = No
     return layout.format
 
 
+def _cached_result(cache_store: ObjectStore, expected: tuple[str, str], shown: str) -> DownloadResult | None:
+    """The archive's result when the store already holds a verified copy with that digest, else None."""
+    manifest = _lookup(cache_store, *expected)
+    if manifest is None:
+        return None
+    log.info("dataset %s found in the object store at %s; nothing fetched", shown, manifest["cache_uri"])
+    return DownloadResult(
+        source=shown,
+        sha256=manifest["sha256"],
+        size=manifest["size"],
+        format=manifest["format"],
+        filename=manifest["filename"],
+        cache_uri=manifest["cache_uri"],
+        cache_hit=True,
+        md5=manifest.get("md5", ""),
+    )
+
+
+def _verified_digests(hasher, expected: tuple[str, str] | None, shown: str) -> dict[str, str]:
+    """``{"sha256", "md5"}`` of the fetched bytes; ``ChecksumError`` when the expected one differs."""
+    digests = {"sha256": hasher.sha256.hexdigest(), "md5": hasher.md5.hexdigest()}
+    if expected is not None and digests[expected[0]] != expected[1]:
+        raise ChecksumError(
+            f"checksum mismatch for {shown}: expected {expected[0]}:{expected[1]}, got "
+            f"{expected[0]}:{digests[expected[0]]} ({hasher.size} bytes, sha256 {digests['sha256']}). "
+            "The file is corrupt, incomplete or not the expected dataset; nothing was cached."
+        )
+    return digests
+
+
+def _kept_copy(path: Path, is_copy: bool, workdir, name: str) -> str:
+    """The local path reported: a local source itself, a fetched copy moved into ``workdir``, or ''."""
+    if not is_copy:
+        return str(path)
+    if workdir is None:
+        return ""  # the temporary copy is deleted with its directory
+    kept = Path(workdir) / name
+    shutil.move(str(path), kept)
+    return str(kept)
+
+
 def fetch_dataset(
     source: str,
     checksum: str = "",
@@ -228,34 +269,16 @@ def fetch_dataset(
         log.info("no object store configured (MINIO_ENDPOINT is unset): the archive is not cached")
 
     if cache_store is not None and expected is not None:
-        manifest = _lookup(cache_store, *expected)
-        if manifest is not None:
-            log.info(
-                "dataset %s found in the object store at %s; nothing fetched", shown, manifest["cache_uri"]
-            )
-            return DownloadResult(
-                source=shown,
-                sha256=manifest["sha256"],
-                size=manifest["size"],
-                format=manifest["format"],
-                filename=manifest["filename"],
-                cache_uri=manifest["cache_uri"],
-                cache_hit=True,
-                md5=manifest.get("md5", ""),
-            )
+        cached = _cached_result(cache_store, expected, shown)
+        if cached is not None:
+            return cached
     if expected is None:
         log.info("no checksum given for %s: fetching it to learn its digest", shown)
 
     tmpdir = Path(tempfile.mkdtemp(prefix="cifar10-kfp-download-", dir=workdir))
     try:
         path, hasher, is_copy = _fetch(source, kind, tmpdir, limits, store)
-        digests = {"sha256": hasher.sha256.hexdigest(), "md5": hasher.md5.hexdigest()}
-        if expected is not None and digests[expected[0]] != expected[1]:
-            raise ChecksumError(
-                f"checksum mismatch for {shown}: expected {expected[0]}:{expected[1]}, got "
-                f"{expected[0]}:{digests[expected[0]]} ({hasher.size} bytes, sha256 {digests['sha256']}). "
-                "The file is corrupt, incomplete or not the expected dataset; nothing was cached."
-            )
+        digests = _verified_digests(hasher, expected, shown)
         fmt = verify_archive(path, limits=archive_limits)
         filename = safe_filename(source)
         cache_uri = (
@@ -266,25 +289,10 @@ def fetch_dataset(
         manifest = {"sha256": digests["sha256"], "md5": digests["md5"], "size": hasher.size}
         manifest.update(format=fmt, filename=filename, cache_uri=cache_uri)
         hit = _store_verified(cache_store, path, manifest) if cache_store is not None else False
-        local_path = ""
-        if not is_copy:
-            local_path = str(path)
-        elif workdir is not None:
-            kept = Path(workdir) / f"{digests['sha256'][:16]}-{filename}"
-            shutil.move(str(path), kept)
-            local_path = str(kept)
+        local_path = _kept_copy(path, is_copy, workdir, f"{digests['sha256'][:16]}-{filename}")
         log.info("dataset %s: %s, %d bytes, sha256 %s", shown, fmt, hasher.size, digests["sha256"])
-        return DownloadResult(
-            source=shown,
-            sha256=digests["sha256"],
-            size=hasher.size,
-            format=fmt,
-            filename=filename,
-            cache_uri=cache_uri,
-            cache_hit=hit,
-            md5=digests["md5"],
-            local_path=local_path,
-        )
+        return DownloadResult(source=shown, size=hasher.size, format=fmt, filename=filename, cache_uri=cache_uri,
+                              cache_hit=hit, local_path=local_path, **digests)  # fmt: skip
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
 

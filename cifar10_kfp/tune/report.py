@@ -12,6 +12,7 @@ import json
 import logging
 import warnings
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -104,10 +105,21 @@ def render_html(study, rows: list[dict], metrics: dict, best_params: dict) -> st
     )
 
 
+@dataclass
+class TuneResult:
+    """What a study found; ``best_training`` is the train step's settings dict for the best trial."""
+
+    best_params: dict
+    best_value: float
+    best_training: dict
+    metrics: dict
+    trials: list[dict] = field(default_factory=list)
+    output_dir: Path = field(default_factory=Path)
+
+
 def write_outputs(study, values: Mapping[str, Any], output_dir: Path, training_with: Callable):
     """Write ``FILES`` to ``output_dir``; the ``TuneResult``. Raises if no trial completed."""
     from cifar10_kfp import params
-    from cifar10_kfp.tune.study import TuneResult
 
     rows = trial_rows(study)
     if not any(row["state"] == "COMPLETE" for row in rows):

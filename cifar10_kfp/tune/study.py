@@ -1,7 +1,7 @@
 """The study: Optuna trials one after another in this process, its state in the object store.
 
 ``run_study(values, data, output_dir, study_uri=...)`` takes a tune pipeline's validated values
-(``cifar10_kfp.params.validate_pipeline_params(..., "tune")``): the training settings every trial
+(``cifar10_kfp.param_validation.validate_pipeline_params(..., "tune")``): the training settings every trial
 starts from, ``search_space``, ``n_trials``, ``timeout_s``, ``sampler``, ``pruner`` and
 ``trial_epochs``. Each trial's ``TrainConfig`` is ``params.train_config(training, searched)``:
 the one pipeline -> config mapping, with the trial's values on top. A trial reports its
@@ -23,11 +23,11 @@ import os
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cifar10_kfp import params
+from cifar10_kfp.tune.report import TuneResult
 from cifar10_kfp.tune.space import Dimension, parse_search_space
 
 log = logging.getLogger(__name__)
@@ -35,18 +35,6 @@ log = logging.getLogger(__name__)
 STUDY_NAME = "cifar10-tune"
 JOURNAL = "study.journal"
 _SETTINGS_ATTR = "settings"
-
-
-@dataclass
-class TuneResult:
-    """What a study found; ``best_training`` is the train step's settings dict for the best trial."""
-
-    best_params: dict
-    best_value: float
-    best_training: dict
-    metrics: dict
-    trials: list[dict] = field(default_factory=list)
-    output_dir: Path = field(default_factory=Path)
 
 
 def training_with(training: Mapping[str, Any], searched: Mapping[str, Any]) -> dict:

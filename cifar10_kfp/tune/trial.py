@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cifar10_kfp.augment import DeviceData, Normalizer, TrainBatches
+from cifar10_kfp.augment import DeviceData, TrainBatches
 from cifar10_kfp.config import TrainConfig
 from cifar10_kfp.distributed import Runtime
 from cifar10_kfp.engine import (
@@ -22,6 +22,7 @@ from cifar10_kfp.engine import (
     global_batch_size,
     seed_everything,
 )
+from cifar10_kfp.inference import Normalize
 from cifar10_kfp.training_outputs import RunClock
 from cifar10_kfp.training_state import RunCheckpoints, build_training_state, model_identity, wrap_for_training
 
@@ -55,7 +56,7 @@ class StudyData:
             self.train.images, self.train.labels, max_shift=config.translate, flip=config.flip,
             channels_last=config.channels_last,
         )  # fmt: skip
-        normalizer = Normalizer(
+        normalizer = Normalize(
             self.dataset.mean, self.dataset.std, runtime.device, channels_last=config.channels_last
         )
         batch = global_batch_size(config, len(batches), runtime.world_size)

@@ -6,7 +6,9 @@ import argparse
 
 from cifar10_kfp_pipelines.commands import common
 
-HELP = "compile cifar10-training, cifar10-sweep and cifar10-tune to pipelines/compiled/*.yaml (or --output-dir)"
+HELP = (
+    "compile cifar10-training, cifar10-sweep and cifar10-tune to pipelines/compiled/*.yaml (or --output-dir)"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

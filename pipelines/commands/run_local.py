@@ -6,9 +6,7 @@ import argparse
 
 from cifar10_kfp_pipelines.commands import common
 
-HELP = (
-    "run the training, sweep or tune pipeline locally (kfp.local) on an embedded object store, or on MINIO_ENDPOINT"
-)
+HELP = "run the training, sweep or tune pipeline locally (kfp.local) on an embedded object store, or on MINIO_ENDPOINT"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def values_from_args(args: argparse.Namespace) -> dict:
     """The validated ``tune`` pipeline values of the flags given (defaults for the rest)."""
-    from cifar10_kfp.params import validate_pipeline_params
+    from cifar10_kfp.param_validation import validate_pipeline_params
 
     given = {p.name: getattr(args, p.name) for p in _flagged_params() if getattr(args, p.name) is not None}
     return validate_pipeline_params(given, "tune")

@@ -7,13 +7,15 @@ import json
 
 import pytest
 
+from cifar10_kfp.param_validation import (
+    validate_build_params,
+    validate_pipeline_params,
+)
 from cifar10_kfp.params import (
     SWEEP_PARAMS,
     TRAINING_PARAMS,
     coerce_params,
     defaults,
-    validate_build_params,
-    validate_pipeline_params,
 )
 
 

@@ -80,7 +80,7 @@ def test_parameters_cell_holds_only_literal_assignments():
 
 def test_notebook_parameters_are_valid_pipeline_parameters():
     """The defaults a data scientist starts from pass the pipeline's own validation."""
-    from cifar10_kfp.params import validate_pipeline_params
+    from cifar10_kfp.param_validation import validate_pipeline_params
 
     nb = _notebook()
     tree = ast.parse(nb.cells[_parameters_cell_index(nb)].source)

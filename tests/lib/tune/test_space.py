@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from cifar10_kfp.params import validate_pipeline_params
+from cifar10_kfp.param_validation import validate_pipeline_params
 from cifar10_kfp.tune.space import parse_search_space
 
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from cifar10_kfp.data.format import save_prepared
-from cifar10_kfp.params import train_config, validate_pipeline_params
+from cifar10_kfp.param_validation import validate_pipeline_params
+from cifar10_kfp.params import train_config
 from cifar10_kfp.tune.study import run_study, trial_config
 from tests.support.data import make_tiny_dataset
 

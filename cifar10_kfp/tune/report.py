@@ -32,6 +32,7 @@ def trial_rows(study) -> list[dict]:
                 "number": trial.number, "state": trial.state.name, "value": trial.value, "params": trial.params,
                 "epochs_run": trial.user_attrs.get("epochs_run", 0), "train_s": trial.user_attrs.get("train_s", 0.0),
                 "attempt": trial.user_attrs.get("attempt", ""), "rerun_of": trial.user_attrs.get("rerun_of"),
+                "device": trial.user_attrs.get("device", ""),
             }
         )  # fmt: skip
     return rows

@@ -1,4 +1,4 @@
-"""The study: Optuna trials one after another in this process, its state in the object store.
+"""The study: Optuna trials in this process, one per GPU at a time, its state in the object store.
 
 ``run_study(values, data, output_dir, study_uri=...)`` takes a tune pipeline's validated values
 (``cifar10_kfp.param_validation.validate_pipeline_params(..., "tune")``): the training settings every trial
@@ -13,6 +13,10 @@ a local copy is written to a temporary name and renamed). A re-run with the same
 downloads it and goes on: finished trials (complete or pruned) are kept and count toward
 ``n_trials``; a trial that was in flight is marked failed and re-run with the same values. The
 study refuses a journal made with other settings, naming the first that differs.
+
+Concurrency: on a pod with several GPUs, as many trials run at once as there are GPUs (Optuna
+threads, ``n_jobs``), each on its own GPU with its own copy of the data; elsewhere trials run one
+after another. The dataset file is read once either way.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
+import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -83,6 +89,7 @@ class StudyState:
         self.uri = f"{study_uri.rstrip('/')}/{JOURNAL}"
         self.path = Path(work_dir) / JOURNAL
         self.store = store or ObjectStore()
+        self._lock = threading.Lock()  # concurrent trials save the one journal in turn
 
     def download(self) -> bool:
         """Fetch the saved journal, if any; True when there was one."""
@@ -95,7 +102,8 @@ class StudyState:
         return True
 
     def upload(self) -> None:
-        self.store.put_bytes(self.path.read_bytes(), self.uri)
+        with self._lock:
+            self.store.put_bytes(self.path.read_bytes(), self.uri)
 
 
 def _sampler(name: str, seed: int):
@@ -155,12 +163,28 @@ def requeue_interrupted(study) -> int:
     return len(interrupted)
 
 
-def make_objective(values: Mapping[str, Any], space: Mapping[str, Dimension], data, runtime, attempt: str,
+def trial_devices(device, concurrent: int | None = None) -> list:
+    """One device per trial running at once: each visible GPU when the study runs on CUDA, else ``device`` once.
+
+    ``concurrent`` caps the GPUs used; on a CPU it runs that many trials at once, sharing the cores.
+    """
+    import torch
+
+    if device.type == "cuda":
+        gpus = torch.cuda.device_count()
+        count = gpus if concurrent is None else min(concurrent, gpus)
+        return [torch.device("cuda", index) for index in range(max(1, count))]
+    return [device] * max(1, concurrent or 1)
+
+
+def make_objective(values: Mapping[str, Any], space: Mapping[str, Dimension], slots: queue.Queue, attempt: str,
                    on_start=lambda: None):  # fmt: skip
     """The function Optuna calls per trial: train, report each epoch's val accuracy, return the last.
 
-    ``on_start()`` runs once the trial's values are drawn (the study saves itself, so that a
-    retry knows which trial was in flight and re-runs it with the same values).
+    ``slots`` holds one ``(StudyData, Runtime)`` per device; a trial takes one for its length, so
+    concurrent trials never share a device. ``on_start()`` runs once the trial's values are drawn
+    (the study saves itself, so that a retry knows which trial was in flight and re-runs it with
+    the same values).
     """
     import optuna
 
@@ -180,21 +204,42 @@ def make_objective(values: Mapping[str, Any], space: Mapping[str, Dimension], da
             if trial.should_prune():
                 raise optuna.TrialPruned(f"val_acc {row['val_acc']:.4f} after epoch {row['epoch']}")
 
-        history = train_trial(config, data, runtime, report)
+        data, runtime = slots.get()
+        try:
+            trial.set_user_attr("device", str(runtime.device))
+            history = train_trial(config, data, runtime, report)
+        finally:
+            slots.put((data, runtime))
         log.info("trial %d: val_acc %.4f %s", trial.number, history[-1]["val_acc"], json.dumps(searched))
         return float(history[-1]["val_acc"])
 
     return objective
 
 
+def _device_slots(data: str, device, concurrent: int | None) -> queue.Queue:
+    """One ``(StudyData, Runtime)`` per device of ``trial_devices``; the dataset file is read once."""
+    from cifar10_kfp.data.format import load_prepared
+    from cifar10_kfp.distributed import Runtime
+    from cifar10_kfp.tune.trial import StudyData
+
+    dataset = load_prepared(data)
+    slots: queue.Queue = queue.Queue()
+    for each in trial_devices(device, concurrent):
+        slots.put((StudyData.on_device(dataset, data, each), Runtime(device=each)))
+    return slots
+
+
 def run_study(values: Mapping[str, Any], data: str, output_dir: str | os.PathLike, *, study_uri: str,
-              store=None) -> TuneResult:  # fmt: skip
-    """Run (or resume) the study on the prepared dataset ``data``; write its outputs to ``output_dir``."""
+              store=None, concurrent: int | None = None) -> TuneResult:  # fmt: skip
+    """Run (or resume) the study on the prepared dataset ``data``; write its outputs to ``output_dir``.
+
+    ``concurrent``: how many trials run at once (default: one per visible GPU when the study runs
+    on CUDA, else one).
+    """
     import optuna
 
-    from cifar10_kfp.distributed import setup_runtime
+    from cifar10_kfp.distributed import resolve_device
     from cifar10_kfp.tune.report import write_outputs
-    from cifar10_kfp.tune.trial import StudyData
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     output_dir = Path(output_dir)
@@ -209,15 +254,13 @@ def run_study(values: Mapping[str, Any], data: str, output_dir: str | os.PathLik
     if resumed:
         log.info("resuming study %s: %d finished trial(s) kept, %d re-queued", state.uri, done, requeued)
     state.upload()
-    runtime = setup_runtime(base.device)
-    study_data = StudyData.load(data, runtime)
-    objective = make_objective(
-        values, space, study_data, runtime, uuid.uuid4().hex[:12], on_start=state.upload
-    )
+    slots = _device_slots(data, resolve_device(base.device), concurrent)
+    objective = make_objective(values, space, slots, uuid.uuid4().hex[:12], on_start=state.upload)
     remaining = values["n_trials"] - done
     if remaining > 0:
+        log.info("study: %d trial(s) to run, %d at a time", remaining, slots.qsize())
         study.optimize(
-            objective, n_trials=remaining, timeout=values["timeout_s"] or None,
+            objective, n_trials=remaining, timeout=values["timeout_s"] or None, n_jobs=slots.qsize(),
             callbacks=[lambda _study, _trial: state.upload()], gc_after_trial=True,
         )  # fmt: skip
     return write_outputs(study, values, output_dir, training_with)

@@ -40,10 +40,14 @@ class StudyData:
     def load(cls, data: str, runtime: Runtime) -> StudyData:
         from cifar10_kfp.data.format import load_prepared
 
-        dataset = load_prepared(data)
+        return cls.on_device(load_prepared(data), data, runtime.device)
+
+    @classmethod
+    def on_device(cls, dataset, data: str, device) -> StudyData:
+        """``dataset`` (read from ``data``) with its training and scoring splits copied to ``device``."""
         eval_split = "val" if len(dataset.val_labels) else "test"
-        train = DeviceData.from_numpy(dataset.train_images, dataset.train_labels, runtime.device)
-        evaluation = DeviceData.from_numpy(*dataset.split(eval_split), runtime.device)
+        train = DeviceData.from_numpy(dataset.train_images, dataset.train_labels, device)
+        evaluation = DeviceData.from_numpy(*dataset.split(eval_split), device)
         if len(evaluation) == 0:
             raise ValueError(
                 f"the {eval_split!r} split of {data} is empty: trials have nothing to be scored on"

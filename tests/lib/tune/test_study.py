@@ -46,6 +46,25 @@ def test_a_tiny_study_completes_prunes_and_reports(tmp_path, tiny_dataset_path):
     assert (tmp_path / "study" / "study.journal").is_file()
 
 
+@pytest.mark.slow
+def test_trials_run_at_once_one_per_device_slot_and_the_study_still_counts_them(tmp_path, tiny_dataset_path):
+    """On a pod with several GPUs trials run concurrently, one a GPU; here two CPU slots play the GPUs."""
+    import optuna
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    from cifar10_kfp.tune.study import STUDY_NAME
+
+    values = _values(pruner="none", n_trials=4, trial_epochs=2)
+    result = run_study(values, str(tiny_dataset_path), tmp_path / "out", study_uri=str(tmp_path / "study"),
+                       concurrent=2)  # fmt: skip
+    assert result.metrics["trials_completed"] == 4 and {row["device"] for row in result.trials} == {"cpu"}
+    storage = JournalStorage(JournalFileBackend(str(tmp_path / "study" / "study.journal")))
+    trials = optuna.load_study(study_name=STUDY_NAME, storage=storage).get_trials()
+    spans = sorted((t.datetime_start, t.datetime_complete) for t in trials)
+    overlapping = sum(later_start < end for (_, end), (later_start, _) in zip(spans, spans[1:]))
+    assert overlapping >= 1, spans  # at least one trial started before the one before it ended
+
+
 def test_the_best_params_reach_the_train_step_settings():
     values = _values(search_space='{"lr": {"type": "float", "low": 0.01, "high": 0.1}, '
                                   '"label_smoothing": {"type": "float", "low": 0.0, "high": 0.2}}')  # fmt: skip

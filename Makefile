@@ -24,7 +24,9 @@ help: ## list the targets
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[local,dev]'
+	@# setuptools notes every editable install of a package-dir layout ("Editable installation. Please be
+	@# careful with folders ...") as a warning; it is information, not a problem, so the install stays quiet.
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install -q --disable-pip-version-check -e '.[local,dev]'
 	@touch $@
 
 install: $(STAMP) ## create .venv (if missing) and install the package with its local and dev extras

@@ -25,6 +25,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -253,3 +254,21 @@ def tune_figures(
            "artifacts": {**record["artifacts"], "tune_report": tune_report.uri, "tune_metrics": tune_metrics.uri}}  # fmt: skip
     out["best_trial"] = dict(best_params)
     return out
+
+
+def record_run_outputs(args: Mapping[str, Any]) -> str:
+    """What a record component does with its arguments (its ``locals()``): write ``outputs.json``; its URI.
+
+    The arguments of ``training_outputs`` plus ``pipeline_name``, ``bucket`` and ``storage_prefix``;
+    a tuned run's also carry ``tune_metrics``, ``tune_report`` and ``best_params``.
+    """
+    from cifar10_kfp.storage import open_store
+
+    args = dict(args)
+    bucket, prefix = args.pop("bucket"), args.pop("storage_prefix")
+    report_failures(bucket, prefix)
+    tune = {key: args.pop(key) for key in ("tune_metrics", "tune_report", "best_params") if key in args}
+    record = training_outputs(pipeline=args.pop("pipeline_name"), **args)
+    if tune:
+        record = tune_figures(record, **tune)
+    return RunRecords(open_store(bucket or None, prefix or None), args["run_id"]).write(OUTPUTS, record)

@@ -12,8 +12,42 @@ from kfp.dsl import HTML, Artifact, Dataset, Input, Metrics, Model, Output
 
 from cifar10_kfp_components.image import IMAGE
 
+# The Args lines every record component shares (the KFP UI shows them as input descriptions).
+RECORD_ARGS = """\
+        archive: The downloaded dataset pointer (download step).
+        dataset: The prepared dataset.
+        model: The trained model directory.
+        train_metrics: Training metrics (final scalars).
+        history: Per-epoch training history.
+        eval_metrics: Test-set metrics (evaluate step).
+        report: The HTML evaluation report.
+        test_accuracy: Test accuracy of the model.
+        params_json: The validated pipeline parameters as JSON.
+        pipeline_name: Name of the pipeline.
+        run_id: The KFP run id.
+        bucket: Object-store bucket, empty for the configured one.
+        storage_prefix: Object-store key prefix, empty for the configured one.
+"""
+
+
+def record_docstring(summary: str, extra_args: str = ""):
+    """Give a record component its Google-style docstring: ``summary``, ``extra_args``, then ``RECORD_ARGS``.
+
+    Applied below ``@dsl.component``, so KFP reads the finished docstring.
+    """
+
+    def document(func):
+        func.__doc__ = (
+            f"{summary}\n\n    Args:\n{extra_args}{RECORD_ARGS}\n    Returns:\n"
+            "        The URI of the record (``<root>/runs/<run_id>/outputs.json``).\n    "
+        )
+        return func
+
+    return document
+
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
+@record_docstring("Record a run's metrics and artifact locations in the object store.")
 def record_run_outputs(
     archive: Input[Artifact],
     dataset: Input[Dataset],
@@ -29,36 +63,10 @@ def record_run_outputs(
     bucket: str,
     storage_prefix: str,
 ) -> str:
-    """Record a run's metrics and artifact locations in the object store.
+    args = dict(locals())  # first statement: exactly the parameters
+    from cifar10_kfp.run_records import record_run_outputs as record
 
-    Args:
-        archive: The downloaded dataset pointer (download step).
-        dataset: The prepared dataset.
-        model: The trained model directory.
-        train_metrics: Training metrics (final scalars).
-        history: Per-epoch training history.
-        eval_metrics: Test-set metrics (evaluate step).
-        report: The HTML evaluation report.
-        test_accuracy: Test accuracy of the model.
-        params_json: The validated pipeline parameters as JSON.
-        pipeline_name: Name of the pipeline.
-        run_id: The KFP run id.
-        bucket: Object-store bucket, empty for the configured one.
-        storage_prefix: Object-store key prefix, empty for the configured one.
-
-    Returns:
-        The URI of the record (``<root>/runs/<run_id>/outputs.json``).
-    """
-    from cifar10_kfp.run_records import RunRecords, report_failures, training_outputs
-    from cifar10_kfp.storage import open_store
-
-    report_failures(bucket, storage_prefix)
-    record = training_outputs(
-        pipeline=pipeline_name, run_id=run_id, params_json=params_json, test_accuracy=test_accuracy,
-        archive=archive, dataset=dataset, model=model, train_metrics=train_metrics, history=history,
-        eval_metrics=eval_metrics, report=report,
-    )  # fmt: skip
-    uri = RunRecords(open_store(bucket or None, storage_prefix or None), run_id).write("outputs.json", record)
+    uri = record(args)
     print("recorded", uri)
     return uri
 

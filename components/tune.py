@@ -13,6 +13,7 @@ from kfp import dsl
 from kfp.dsl import HTML, Artifact, Dataset, Input, Metrics, Model, Output
 
 from cifar10_kfp_components.image import IMAGE
+from cifar10_kfp_components.summary import record_docstring
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
@@ -70,6 +71,12 @@ def tune_hyperparameters(
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
+@record_docstring(
+    "Record a tuned run: the study's figures, the final model's metrics, and where everything is.",
+    "        tune_metrics: The study's metrics (tune step).\n"
+    "        tune_report: The study's HTML report.\n"
+    "        best_params: The best trial's values.\n",
+)
 def record_tune_outputs(
     archive: Input[Artifact],
     dataset: Input[Dataset],
@@ -88,39 +95,9 @@ def record_tune_outputs(
     bucket: str,
     storage_prefix: str,
 ) -> str:
-    """Record a tuned run: the study's figures, the final model's metrics, and where everything is.
+    args = dict(locals())  # first statement: exactly the parameters
+    from cifar10_kfp.run_records import record_run_outputs as record
 
-    Args:
-        archive: The downloaded dataset pointer (download step).
-        dataset: The prepared dataset.
-        model: The model trained with the best values.
-        tune_metrics: The study's metrics (tune step).
-        tune_report: The study's HTML report.
-        best_params: The best trial's values.
-        train_metrics: Training metrics of the final model.
-        history: Per-epoch history of the final training.
-        eval_metrics: Test-set metrics (evaluate step).
-        report: The HTML evaluation report.
-        test_accuracy: Test accuracy of the final model.
-        params_json: The validated pipeline parameters as JSON.
-        pipeline_name: Name of the pipeline.
-        run_id: The KFP run id.
-        bucket: Object-store bucket, empty for the configured one.
-        storage_prefix: Object-store key prefix, empty for the configured one.
-
-    Returns:
-        The URI of the record (``<root>/runs/<run_id>/outputs.json``).
-    """
-    from cifar10_kfp.run_records import RunRecords, report_failures, training_outputs, tune_figures
-    from cifar10_kfp.storage import open_store
-
-    report_failures(bucket, storage_prefix)
-    record = training_outputs(
-        pipeline=pipeline_name, run_id=run_id, params_json=params_json, test_accuracy=test_accuracy,
-        archive=archive, dataset=dataset, model=model, train_metrics=train_metrics, history=history,
-        eval_metrics=eval_metrics, report=report,
-    )  # fmt: skip
-    record = tune_figures(record, tune_metrics=tune_metrics, tune_report=tune_report, best_params=best_params)
-    uri = RunRecords(open_store(bucket or None, storage_prefix or None), run_id).write("outputs.json", record)
+    uri = record(args)
     print("recorded", uri)
     return uri

@@ -13,10 +13,11 @@ returns. A line reads::
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 import time
+
+from cifar10_kfp.env_settings import env_number
 
 INTERVAL_ENV = "CIFAR10_KFP_PROGRESS_INTERVAL_S"
 DEFAULT_INTERVAL_S = 5.0
@@ -35,16 +36,7 @@ def is_progress_line(line: str) -> bool:
 
 def interval_s(env: dict[str, str] | None = None) -> float:
     """Seconds between two progress lines off a terminal (``CIFAR10_KFP_PROGRESS_INTERVAL_S``)."""
-    raw = (os.environ if env is None else env).get(INTERVAL_ENV, "").strip()
-    if not raw:
-        return DEFAULT_INTERVAL_S
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{INTERVAL_ENV}={raw!r} is not a number of seconds") from None
-    if value < 0:
-        raise ValueError(f"{INTERVAL_ENV}={raw!r} must be 0 or more seconds")
-    return value
+    return env_number(INTERVAL_ENV, DEFAULT_INTERVAL_S, allow_zero=True, env=env)
 
 
 def _bytes(n: float) -> tuple[str, str]:

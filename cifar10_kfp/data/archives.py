@@ -28,25 +28,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from cifar10_kfp.env_settings import env_number
+
 _CHUNK = 1024 * 1024
 _WINDOWS_DRIVE = re.compile(r"^[A-Za-z]:")
 
 
 class ArchiveError(ValueError):
     """The archive is unsafe, corrupt, truncated or not in a supported layout. The message names the member."""
-
-
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not an integer") from None
-    if value <= 0:
-        raise ValueError(f"{name}={raw!r} must be positive")
-    return value
 
 
 @dataclass(frozen=True)
@@ -62,8 +51,8 @@ class ArchiveLimits:
     @classmethod
     def from_env(cls) -> ArchiveLimits:
         return cls(
-            max_total_bytes=_env_int("CIFAR10_KFP_MAX_EXTRACT_BYTES", cls.max_total_bytes),
-            max_members=_env_int("CIFAR10_KFP_MAX_MEMBERS", cls.max_members),
+            max_total_bytes=env_number("CIFAR10_KFP_MAX_EXTRACT_BYTES", cls.max_total_bytes, kind=int),
+            max_members=env_number("CIFAR10_KFP_MAX_MEMBERS", cls.max_members, kind=int),
         )
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import socket
 import time
 import urllib.error
@@ -20,6 +19,7 @@ from urllib.parse import unquote, urlparse, urlunparse
 
 from cifar10_kfp.data import CIFAR10_CHECKSUM as DEFAULT_CHECKSUM
 from cifar10_kfp.data import CIFAR10_URL as DEFAULT_URL
+from cifar10_kfp.env_settings import env_number
 from cifar10_kfp.progress import ProgressMeter
 
 log = logging.getLogger(__name__)
@@ -29,19 +29,6 @@ _CHUNK = 1024 * 1024
 
 class DownloadError(RuntimeError):
     """The archive could not be fetched; the message says why and what to do instead."""
-
-
-def _env_number(name: str, default: float) -> float:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number") from None
-    if value <= 0:
-        raise ValueError(f"{name}={raw!r} must be positive")
-    return value
 
 
 @dataclass(frozen=True)
@@ -58,10 +45,10 @@ class DownloadLimits:
     @classmethod
     def from_env(cls) -> DownloadLimits:
         return cls(
-            max_bytes=int(_env_number("CIFAR10_KFP_MAX_DOWNLOAD_BYTES", cls.max_bytes)),
-            timeout_s=_env_number("CIFAR10_KFP_DOWNLOAD_TIMEOUT_S", cls.timeout_s),
-            deadline_s=_env_number("CIFAR10_KFP_DOWNLOAD_DEADLINE_S", cls.deadline_s),
-            attempts=int(_env_number("CIFAR10_KFP_DOWNLOAD_ATTEMPTS", cls.attempts)),
+            max_bytes=int(env_number("CIFAR10_KFP_MAX_DOWNLOAD_BYTES", cls.max_bytes)),
+            timeout_s=env_number("CIFAR10_KFP_DOWNLOAD_TIMEOUT_S", cls.timeout_s),
+            deadline_s=env_number("CIFAR10_KFP_DOWNLOAD_DEADLINE_S", cls.deadline_s),
+            attempts=int(env_number("CIFAR10_KFP_DOWNLOAD_ATTEMPTS", cls.attempts)),
         )
 
 

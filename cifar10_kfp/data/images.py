@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cifar10_kfp.env_settings import env_number
 from cifar10_kfp.progress import ProgressMeter
 
 log = logging.getLogger(__name__)
@@ -81,12 +82,9 @@ def _cgroup_cpu_limit() -> int | None:
 
 def default_workers() -> int:
     """``CIFAR10_KFP_DECODE_WORKERS``, else the CPUs this process may use (affinity and a pod's CPU limit), <= 16."""
-    raw = os.environ.get("CIFAR10_KFP_DECODE_WORKERS", "").strip()
-    if raw:
-        try:
-            return max(1, int(raw))
-        except ValueError:
-            raise ValueError(f"CIFAR10_KFP_DECODE_WORKERS={raw!r} is not an integer") from None
+    chosen = env_number("CIFAR10_KFP_DECODE_WORKERS", 0, kind=int, allow_zero=True)
+    if chosen:
+        return chosen
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux

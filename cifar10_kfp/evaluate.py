@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from cifar10_kfp.inference import SERVED_TTA, Normalize, predict
+from cifar10_kfp.inference import SERVED_TTA, Normalize, predict_with_single_view
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,6 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-@torch.no_grad()
 def predict_logits(
     model: nn.Module,
     images: np.ndarray | torch.Tensor,
@@ -135,6 +134,23 @@ def predict_logits(
 
     The images go to ``device`` once as uint8 and are normalised there batch by batch.
     """
+    return predict_logits_with_single_view(
+        model, images, mean, std, batch_size=batch_size, device=device, tta=tta
+    )[0]
+
+
+@torch.no_grad()
+def predict_logits_with_single_view(
+    model: nn.Module,
+    images: np.ndarray | torch.Tensor,
+    mean: list[float],
+    std: list[float],
+    *,
+    batch_size: int = 512,
+    device: torch.device | str | None = None,
+    tta: bool = SERVED_TTA,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``predict_logits`` and the logits of the unflipped images, from the same forward passes."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     device = torch.device(device) if device is not None else default_device()
@@ -144,13 +160,16 @@ def predict_logits(
     model = model.to(device).eval()
     on_device = images.to(device, non_blocking=True)  # uint8: 4x less transfer than float
     normalize = Normalize(mean, std, device)
-    outputs = [
-        predict(model, normalize(on_device[start : start + batch_size]), tta=tta).cpu()
-        for start in range(0, len(on_device), batch_size)
-    ]
-    if not outputs:
-        return torch.empty(0, 0)
-    return torch.cat(outputs)
+    served, single = [], []
+    for start in range(0, len(on_device), batch_size):
+        logits, view = predict_with_single_view(
+            model, normalize(on_device[start : start + batch_size]), tta=tta
+        )
+        served.append(logits.cpu())
+        single.append(view.cpu())
+    if not served:
+        return torch.empty(0, 0), torch.empty(0, 0)
+    return torch.cat(served), torch.cat(single)
 
 
 def evaluate_loaded(
@@ -177,9 +196,9 @@ def evaluate_loaded(
     if len(labels) == 0:
         raise ValueError("the test split is empty: nothing to evaluate")
     labels_t = torch.as_tensor(labels, dtype=torch.int64)
-    stats = {"mean": info.mean, "std": info.std, "batch_size": batch_size, "device": device}
-    logits = predict_logits(model, images, tta=tta, **stats)
-    plain = predict_logits(model, images, tta=False, **stats) if tta else logits
+    logits, plain = predict_logits_with_single_view(
+        model, images, info.mean, info.std, batch_size=batch_size, device=device, tta=tta
+    )
     probs = logits.softmax(dim=1)
     predictions = probs.argmax(dim=1)
     loss = float(nn.functional.cross_entropy(logits, labels_t))

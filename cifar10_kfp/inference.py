@@ -71,7 +71,17 @@ def predict(model: nn.Module, inputs: torch.Tensor, *, tta: bool = SERVED_TTA) -
     pass of the flip-averaged model returns, so serving and evaluation agree on the argmax and
     on the loss.
     """
+    return predict_with_single_view(model, inputs, tta=tta)[0]
+
+
+def predict_with_single_view(
+    model: nn.Module, inputs: torch.Tensor, *, tta: bool = SERVED_TTA
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(predict(model, inputs, tta=tta), the logits of the unflipped view)`` from the same forward passes.
+
+    Evaluation reports both; the single view is one of TTA's two passes, so it costs nothing extra.
+    """
     logits = model(inputs).float()
-    if tta:
-        logits = (logits + model(inputs.flip(-1)).float()) / 2
-    return logits
+    if not tta:
+        return logits, logits
+    return (logits + model(inputs.flip(-1)).float()) / 2, logits

@@ -242,8 +242,8 @@ def publish_model(
     from cifar10_kfp.storage import join_uri
 
     store = default_store(store)
+    target = _new_version(model_name, run_id, now, store, root)  # the name is checked before torch loads
     model, info = _load_model_dir(Path(model_dir))
-    target = _new_version(model_name, run_id, now, store, root)
     isvc_name = serving_name(model_name)
     manifest = inference_service_manifest(
         isvc_name, join_uri(target.uri, "triton"), service_account=service_account,

@@ -27,11 +27,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from cifar10_kfp.attribution import PER_CLASS as ATTRIBUTION_PER_CLASS  # the report grid's default
+from cifar10_kfp.attribution import attribution_grid
 from cifar10_kfp.inference import SERVED_TTA, Normalize, predict_with_single_view
 
 log = logging.getLogger(__name__)
 
-ATTRIBUTION_PER_CLASS = 2  # correct and misclassified images per class in the report's attribution grid
 MAX_MISCLASSIFIED = 32  # images kept for the report grid: enough to see patterns, small enough for the UI
 
 
@@ -239,8 +240,6 @@ def evaluate_loaded(
 
 def _attribution(model, info, images, labels, predictions, class_names, per_class, *, device, tta):
     """``(AttributionGrid or None, why not)``: a model Captum cannot differentiate gets a note, not an error."""
-    from cifar10_kfp.attribution import attribution_grid
-
     if per_class <= 0:
         return None, "attribution maps were not requested"
     try:

@@ -198,16 +198,7 @@ def _cached_result(cache_store: ObjectStore, expected: tuple[str, str], shown: s
     if manifest is None:
         return None
     log.info("dataset %s found in the object store at %s; nothing fetched", shown, manifest["cache_uri"])
-    return DownloadResult(
-        source=shown,
-        sha256=manifest["sha256"],
-        size=manifest["size"],
-        format=manifest["format"],
-        filename=manifest["filename"],
-        cache_uri=manifest["cache_uri"],
-        cache_hit=True,
-        md5=manifest.get("md5", ""),
-    )
+    return result_from_pointer({**manifest, "source": shown})
 
 
 def _verified_digests(hasher, expected: tuple[str, str] | None, shown: str) -> dict[str, str]:

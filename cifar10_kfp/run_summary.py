@@ -185,11 +185,17 @@ def verdict_line(summary: dict) -> str:
     """One line for the end of the exit handler's log: the status, and for a failure its step, error and cause."""
     if summary.get("status") == SUCCEEDED:
         return f"run SUCCEEDED ({summary.get('status_basis', '')})"
+    error = summary.get("error") or "unknown error"
+    cause = recorded_cause(summary)
+    more = f" (caused by {cause})" if cause else ""
+    return f"run FAILED at step {summary.get('failed_task') or '?'}: {error}{more}"
+
+
+def recorded_cause(summary: dict) -> str:
+    """The innermost exception of the failure the summary reports, when its error does not already say it."""
     failures = summary.get("failures") or []
     cause = str(failures[-1].get("cause", "")) if failures else ""
-    error = summary.get("error") or "unknown error"
-    more = f" (caused by {cause})" if cause and cause not in error else ""
-    return f"run FAILED at step {summary.get('failed_task') or '?'}: {error}{more}"
+    return cause if cause and cause not in (summary.get("error") or "") else ""
 
 
 class _Unreadable:
@@ -214,6 +220,7 @@ __all__ = [
     "Verdict",
     "build_summary",
     "decide_status",
+    "recorded_cause",
     "verdict_line",
     "write_summary",
 ]

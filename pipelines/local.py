@@ -34,6 +34,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 DEFAULT_OUTPUT_ROOT = Path("local_outputs")
+STORE_DIR_NAME = "object-store"  # the embedded store's data, under the output root
 SUMMARY_TASK = "write-run-summary"
 
 
@@ -164,7 +165,7 @@ def run_local(
     # The embedded store keeps its data under the output root, so downloads stay cached across runs
     # and what a run published or checkpointed is still there afterwards (`cifar10-kfp store --data-dir`).
     if store_data_dir is None and not os.environ.get("MINIO_ENDPOINT"):
-        store_data_dir = Path(output_root).resolve() / "object-store"
+        store_data_dir = Path(output_root).resolve() / STORE_DIR_NAME
     values, build_params = _resolve_params(short, local_defaults(dict(params or {})), validate=validate_first)
     run_root = Path(output_root).resolve() / f"{short}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     run_root.mkdir(parents=True, exist_ok=True)
@@ -275,16 +276,11 @@ def format_summary(summary: dict) -> str:
              if summary.get(key)]  # fmt: skip
     if summary.get("status") != "SUCCEEDED":
         rows += [("failed step", summary.get("failed_task") or "?"), ("error", summary.get("error") or "?")]
-        cause = _recorded_cause(summary)
+        from cifar10_kfp.run_summary import recorded_cause
+
+        cause = recorded_cause(summary)
         rows += [("caused by", cause)] if cause else []
         rows += [("failed step log", summary["failed_task_log"])] if summary.get("failed_task_log") else []
     width = max(len(k) for k, _ in rows)
     line = "-" * min(100, width + 60)
     return "\n".join([line, *(f"{k:<{width}}  {v}" for k, v in rows), line])
-
-
-def _recorded_cause(summary: dict) -> str:
-    """The innermost exception of the failure the summary reports, when it differs from its error."""
-    failures = summary.get("failures") or []
-    cause = str(failures[-1].get("cause", "")) if failures else ""
-    return cause if cause and cause not in (summary.get("error") or "") else ""

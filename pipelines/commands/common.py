@@ -5,7 +5,8 @@ the cluster-policy flags that ``compile``, ``submit`` and ``schedule`` bake into
 (``add_policy_flags`` / ``policy_from_args``), and the KFP connection and login flags of
 ``submit``, ``schedule`` and ``runs`` (``add_connection_flags`` / ``login_from_args``), and the
 multi-node flags of ``train``, which a Kubeflow Trainer node runs too (``add_multinode_arguments`` /
-``rendezvous_from_args`` / ``finish``).
+``rendezvous_from_args`` / ``finish``), and where ``runs --local`` and ``tensorboard`` find the
+store ``run-local`` used (``add_local_store_flag``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,16 @@ def parse_key_values(items: list[str], *, flag: str = "--param") -> dict[str, st
             raise ValueError(f"{flag} {item!r}: expected KEY=VALUE")
         out[key.strip()] = value
     return out
+
+
+def add_local_store_flag(parser: argparse.ArgumentParser, when: str) -> None:
+    """``--data-dir``: the embedded store's data that ``run-local`` left (under its default output root)."""
+    from cifar10_kfp_pipelines.local import DEFAULT_OUTPUT_ROOT, STORE_DIR_NAME
+
+    default = f"{DEFAULT_OUTPUT_ROOT.as_posix()}/{STORE_DIR_NAME}"
+    parser.add_argument(
+        "--data-dir", default=default, help=f"{when}: the embedded store's data (default {default})"
+    )
 
 
 def add_param_flag(parser: argparse.ArgumentParser, help: str = "a pipeline parameter (repeatable)") -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from cifar10_kfp_pipelines.commands import common
+from cifar10_kfp_pipelines.local import DEFAULT_OUTPUT_ROOT
 
 HELP = "run the training, sweep or tune pipeline locally (kfp.local) on an embedded object store, or on MINIO_ENDPOINT"
 
@@ -15,7 +16,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser, "a pipeline parameter, e.g. --param epochs=2 (repeatable; see README for the list)"
     )
     parser.add_argument("--summary-json", default=None, help="also write the run summary to this JSON file")
-    parser.add_argument("--output-root", default="local_outputs", help="where kfp.local keeps task outputs")
+    parser.add_argument(
+        "--output-root", default=str(DEFAULT_OUTPUT_ROOT), help="where kfp.local keeps task outputs"
+    )
     parser.add_argument(
         "-v", "--verbose", dest="show_all", action="store_true",
         help="print kfp.local's whole output (executor input and outputs, every task line) instead of one "

@@ -24,10 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="runs of run-local / make run, from the run summaries in the object store (MINIO_ENDPOINT, "
         "else the embedded store's data in --data-dir)",
     )  # fmt: skip
-    parser.add_argument(
-        "--data-dir", default="local_outputs/object-store",
-        help="with --local and no MINIO_ENDPOINT: the embedded store's data (default local_outputs/object-store)",
-    )  # fmt: skip
+    common.add_local_store_flag(parser, "with --local and no MINIO_ENDPOINT")
 
 
 def _summary_reader(store=None):

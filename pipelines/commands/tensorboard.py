@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from cifar10_kfp_pipelines.commands import common
+
 HELP = (
     "download a run's TensorBoard event files from the object store and start tensorboard on them "
     "(default: the newest run that has some)"
@@ -25,10 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="where to put the event files (default local_outputs/tensorboard/<run>)",
     )
-    parser.add_argument(
-        "--data-dir", default="local_outputs/object-store",
-        help="without MINIO_ENDPOINT: the embedded store's data (default local_outputs/object-store)",
-    )  # fmt: skip
+    common.add_local_store_flag(parser, "without MINIO_ENDPOINT")
     parser.add_argument("--port", type=int, default=6006, help="tensorboard's port (default 6006)")
     parser.add_argument(
         "--no-serve", "--print-only", dest="serve", action="store_false",
@@ -62,12 +61,12 @@ def find_curves(store, run: str | None) -> tuple[str, str]:
 def download_curves(args: argparse.Namespace) -> Path:
     """Fetch the event files into the log directory; returns it."""
     from cifar10_kfp.storage import ObjectStore
-    from cifar10_kfp_pipelines.local import object_store_env
+    from cifar10_kfp_pipelines.local import DEFAULT_OUTPUT_ROOT, object_store_env
 
     with object_store_env(args.data_dir):
         store = ObjectStore()
         run, uri = ("uri", args.uri) if args.uri else find_curves(store, args.run)
-        logdir = Path(args.logdir or Path("local_outputs") / "tensorboard" / run)
+        logdir = Path(args.logdir or DEFAULT_OUTPUT_ROOT / "tensorboard" / run)
         files = store.get_dir(uri, logdir)
     if not files:
         raise ValueError(f"no event files under {uri}")

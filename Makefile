@@ -16,7 +16,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE ?= $(REGISTRY)/cifar10-kfp:$(VERSION)
 PYTEST_ARGS ?=
 
-.PHONY: help install run test test-fast compile lint bench bench-quick image clean
+.PHONY: help install run test test-fast test-registry model-registry compile lint bench bench-quick image clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -34,11 +34,21 @@ install: $(STAMP) ## create .venv (if missing) and install the package with its 
 run: $(STAMP) ## run the whole training pipeline locally (kfp.local) on the embedded object store
 	$(CLI) run-local --param dataset_uri=$(DATASET) $(foreach p,$(PARAMS),--param $(p)) --summary-json runs/last-summary.json
 
-test: $(STAMP) ## run the whole test suite
-	$(PY) -m pytest $(PYTEST_ARGS)
+# tests/model_registry needs a MariaDB server (Debian's mariadb-server) and Go to build the registry
+# once: `make test-registry` runs it, and .ci/run installs MariaDB and calls it after `make test`.
+REGISTRY_TESTS := tests/model_registry
+
+test: $(STAMP) ## run the whole test suite (less tests/model_registry: see test-registry)
+	$(PY) -m pytest --ignore=$(REGISTRY_TESTS) $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## run the tests not marked slow
-	$(PY) -m pytest -m "not slow and not reliability" $(PYTEST_ARGS)
+	$(PY) -m pytest --ignore=$(REGISTRY_TESTS) -m "not slow and not reliability" $(PYTEST_ARGS)
+
+test-registry: $(STAMP) ## the tests against a real Kubeflow Model Registry server (needs mariadb-server and go)
+	$(PY) -m pytest $(REGISTRY_TESTS) $(PYTEST_ARGS)
+
+model-registry: $(STAMP) ## build (once) and run Kubeflow Model Registry with its own MariaDB, in the foreground
+	$(PY) -m tests.support.model_registry
 
 compile: $(STAMP) ## compile the pipelines to pipelines/compiled/*.yaml
 	$(CLI) compile --output-dir pipelines/compiled

@@ -84,7 +84,8 @@ def _build_into(spec: versions.GoBinary, out_dir: pathlib.Path) -> None:
     with tempfile.TemporaryDirectory(prefix="gobuild-") as scratch:
         args = ["install", "-ldflags", ldflags, f"{spec.package}@{spec.version}"]
         _run_go(args, pathlib.Path(scratch), _go_env(GOBIN=str(out_dir)), what)
-    built = out_dir / pathlib.PurePosixPath(spec.package).name
+    # go install names the binary after the package's last path element, minus a /vN suffix.
+    (built,) = [p for p in out_dir.iterdir() if p.is_file()]
     if built.name != spec.name:
         built.rename(out_dir / spec.name)
 

@@ -9,8 +9,7 @@ import urllib.request
 import pytest
 from model_registry import ModelRegistry
 
-from tests.support.model_registry import ModelRegistryServer
-from tests.support.model_registry_build import API_PREFIX
+from tests.support.model_registry import API_PREFIX, ModelRegistryServer
 
 
 def _client(server: ModelRegistryServer) -> ModelRegistry:

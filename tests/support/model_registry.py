@@ -1,7 +1,7 @@
 """A real Kubeflow Model Registry server with its own MariaDB, on 127.0.0.1, for tests and ``make model-registry``.
 
 The server is the Go program from the ``github.com/kubeflow/model-registry`` module, built once
-and cached outside the repository (``tests/support/model_registry_build.py``). It runs in its
+and cached outside the repository (``tests/support/cluster/gobuild.py``, pinned in ``versions.py``). It runs in its
 ``embedmd`` mode, as Kubeflow's manifests deploy it, against a MariaDB from Debian's
 ``mariadb-server`` package: a throwaway instance in a temporary data directory on a free port,
 run as the unprivileged ``mysql`` user when we are root. No password anywhere: the database
@@ -30,7 +30,11 @@ import urllib.request
 from pathlib import Path
 
 from cifar10_kfp.embedded_store import free_ports
-from tests.support.model_registry_build import API_PREFIX, ensure_server
+from tests.support.cluster.gobuild import ensure_binary
+
+# The REST API the pinned server serves; the pinned client ``model-registry==0.3.0`` calls it (clients up to
+# 0.3.8 do; 0.3.12 calls /api/model_registry/v1, which this server answers with 404).
+API_PREFIX = "/api/model_registry/v1alpha3"
 
 _PR_SET_PDEATHSIG = 1
 DATABASE = "model_registry"
@@ -105,7 +109,7 @@ class ModelRegistryServer:
         return self._server is not None and self._server.poll() is None
 
     def start(self) -> ModelRegistryServer:
-        binary = self._binary or str(ensure_server())
+        binary = self._binary or str(ensure_binary("model-registry"))
         try:
             self._start_database()
             self._binary = binary

@@ -10,6 +10,11 @@ downloaded from anywhere else. Why these versions:
 - kwok v0.8.0: newest served; it needs Go 1.26, which this machine has.
 - kustomize v5.8.1: the newest v5 that builds with Go 1.26 (v5.8.2+ was not tried; see env notes).
 - Trainer v2.2.1 pairs with the JobSet its go.mod names (v0.11.1); Trainer v2.3.0 with v0.12.0.
+- Kubeflow Model Registry v0.3.0: Kubeflow's manifests ship v0.3.4 (Kubeflow 1.11.0) and v0.3.8
+  (master), but the Go module proxy refuses every github.com/kubeflow/model-registry version after
+  v0.3.0 here ("403 Forbidden ... This module version is not available"); v0.3.0 is the newest it
+  serves, with the same proxy command, embedmd datastore and /api/model_registry/v1alpha3 API as
+  v0.3.4. The Python client is pinned to match (pyproject.toml: model-registry==0.3.0).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ KUSTOMIZE = "v5.8.1"
 JOBSET_MODULE = "sigs.k8s.io/jobset"
 TRAINER_MODULE = "github.com/kubeflow/trainer/v2"
 KWOK_MODULE = "sigs.k8s.io/kwok"
+MODEL_REGISTRY = "v0.3.0"
+MODEL_REGISTRY_MODULE = "github.com/kubeflow/model-registry"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +107,10 @@ _ALL: tuple[GoBinary, ...] = (
     _jobset("v0.12.0"),
     _trainer("v2.2.1"),
     _trainer("v2.3.0"),
+    # The server is main.go at the module root; the wrapper maps its replace of pkg/openapi.
+    GoBinary(
+        "model-registry", MODEL_REGISTRY_MODULE, MODEL_REGISTRY, MODEL_REGISTRY_MODULE, "model-registry"
+    ),
 )
 
 #: name -> version -> how to build it. The first version listed for a name is its default.

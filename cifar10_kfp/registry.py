@@ -112,13 +112,19 @@ def move_latest(store, latest_uri: str, pointer: dict, model_name: str) -> bool:
     return True
 
 
-def resolve_published(uri_or_model_name: str, *, store=None) -> str:
-    """The version URI (or local directory) behind a version URI, a ``latest`` URI or a model name."""
+def resolve_published(uri_or_model_name: str, *, store=None, model_registry_url: str | None = None) -> str:
+    """The version URI (or local directory) behind a version URI, a ``latest`` URI, a model name, or a
+    ``model-registry://<name>[/<version>]`` URI (Kubeflow Model Registry at ``model_registry_url``,
+    default ``MODEL_REGISTRY_URL``)."""
     from cifar10_kfp.models import INFO_FILE
     from cifar10_kfp.storage import is_remote
 
-    store = default_store(store)
     target = str(uri_or_model_name)
+    if target.startswith("model-registry://"):
+        from cifar10_kfp.kubeflow_registry import resolve_registry_uri
+
+        return resolve_registry_uri(target, url=model_registry_url)
+    store = default_store(store)
     if is_remote(target):
         target = target.rstrip("/")
         if target.endswith("/" + LATEST):

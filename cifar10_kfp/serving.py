@@ -8,7 +8,9 @@ computation as the TorchScript program and the evaluation. It accepts (``registr
 - a published version URI: ``s3://bucket/prefix/models/<name>/<version>``;
 - a ``latest`` pointer URI: ``s3://bucket/prefix/models/<name>/latest``;
 - a bare model name (``cifar10``): the ``latest`` of that name under the configured root;
-- a local directory holding a model (or a published version) for offline use.
+- a local directory holding a model (or a published version) for offline use;
+- ``model-registry://<name>[/<version>]``: a version registered in Kubeflow Model Registry
+  (``cifar10_kfp.kubeflow_registry``; without a version, the newest), read from the store.
 """
 
 from __future__ import annotations
@@ -64,14 +66,18 @@ class Preprocess:
 
 
 def load_published(
-    uri_or_model_name: str, *, store=None, device: str | torch.device = "cpu"
+    uri_or_model_name: str,
+    *,
+    store=None,
+    device: str | torch.device = "cpu",
+    model_registry_url: str | None = None,
 ) -> tuple[nn.Module, Preprocess]:
-    """A ready (eval-mode) model and its ``Preprocess`` for a published version, ``latest`` or name."""
+    """A ready (eval-mode) model and its ``Preprocess`` for a published version, ``latest``, name or registry URI."""
     from cifar10_kfp.models import INFO_FILE, WEIGHTS_FILE, load_model
     from cifar10_kfp.storage import ObjectStore, is_remote, join_uri
 
     store = store or ObjectStore()
-    version_uri = resolve_published(uri_or_model_name, store=store)
+    version_uri = resolve_published(uri_or_model_name, store=store, model_registry_url=model_registry_url)
     if not is_remote(version_uri):
         model, info = load_model(version_uri, device=device)
         return model, Preprocess(info)

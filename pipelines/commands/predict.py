@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "classify image files with a published model (version URI, .../latest URI, model name or local dir)"
+HELP = (
+    "classify image files with a published model (version URI, .../latest URI, model name, "
+    "model-registry://<name>[/<version>] or local dir)"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model", required=True, help="s3://.../models/<name>/<version>, .../latest, a name, or a dir"
+        "--model",
+        required=True,
+        help="s3://.../models/<name>/<version>, .../latest, a name, model-registry://<name>[/<version>], or a dir",
+    )
+    parser.add_argument(
+        "--model-registry",
+        default=None,
+        metavar="URL",
+        help="Kubeflow Model Registry for model-registry:// URIs (default: MODEL_REGISTRY_URL)",
     )
     parser.add_argument(
         "images", nargs="+", metavar="IMAGE", help="image files (JPEG, PNG, ...; resized to the model's size)"
@@ -23,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
 
     from cifar10_kfp.serving import load_published, predict_files
 
-    model, preprocess = load_published(args.model)
+    model, preprocess = load_published(args.model, model_registry_url=args.model_registry)
     for path, top in zip(args.images, predict_files(model, preprocess, args.images, top_k=args.top_k)):
         if args.json:
             print(json.dumps({"image": path, "top_k": [{"class": c, "probability": p} for c, p in top]}))

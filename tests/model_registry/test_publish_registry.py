@@ -126,3 +126,75 @@ def test_cli_gate_refusal_registers_nothing(
     assert not json.loads(capsys.readouterr().out)["published"]
     assert [v.name for v, _ in _registered(registry_server.url, "reg-gate")] == [champion["version"]]
     assert list_versions("reg-gate", store=store_env) == [champion["version"]]
+
+
+def _image_files(dataset_path, tmp_path, n=3) -> list[str]:
+    from PIL import Image
+
+    images, _ = load_prepared(dataset_path).split("test")
+    paths = []
+    for i in range(n):
+        path = tmp_path / f"img{i}.png"
+        Image.fromarray(images[i].transpose(1, 2, 0)).save(path)
+        paths.append(str(path))
+    return paths
+
+
+def test_predict_by_registry_uri_classifies_as_the_version_does(
+    store_env, registry_server, model_dir, tiny_dataset_module, tmp_path, capsys, monkeypatch
+):
+    first = _publish(model_dir, store_env, registry_server.url, "reg-predict", run_id="run-p1")
+    images = _image_files(tiny_dataset_module, tmp_path)
+    assert main(["predict", "--model", first.uri, "--json", *images]) == 0
+    by_store = capsys.readouterr().out
+    assert len(by_store.splitlines()) == 3
+    for uri in (f"model-registry://reg-predict/{first.version}", "model-registry://reg-predict"):
+        assert (
+            main(["predict", "--model", uri, "--model-registry", registry_server.url, "--json", *images]) == 0
+        )
+        assert capsys.readouterr().out == by_store
+    monkeypatch.setenv(kr.URL_ENV, registry_server.url)  # the URL from the environment
+    assert main(["predict", "--model", "model-registry://reg-predict", "--json", *images]) == 0
+    assert capsys.readouterr().out == by_store
+    assert main(["predict", "--model", "model-registry://reg-predict/nope", *images]) == 2
+    assert "has no version 'nope'" in capsys.readouterr().err
+
+
+def test_secret_scan_over_what_registration_adds(
+    store_env, registry_server, model_dir, tiny_dataset_module, tmp_path, capfd, monkeypatch
+):
+    """A registry token in the environment reaches no output, store object, registry record or server log."""
+    token = "mrtok-" + "c0ffee5eed1234abcd"
+    monkeypatch.setenv(kr.TOKEN_ENV, token)
+    out_dir = tmp_path / "out"
+    args = ["-v", "publish", "--model", str(model_dir), "--data", str(tiny_dataset_module), "--model-name",
+            "reg-secret", "--device", "cpu", "--model-registry", registry_server.url, "--run-id", "sec",
+            "--output-dir", str(out_dir)]  # fmt: skip
+    assert main(args) == 0
+    images = _image_files(tiny_dataset_module, tmp_path, n=1)
+    assert main(["-v", "predict", "--model", "model-registry://reg-secret", "--model-registry",
+                 registry_server.url, *images]) == 0  # fmt: skip
+    registry_server.stop_server()  # the failure path's messages too
+    assert main([*args[1:-4], "--run-id", "sec2", "--skip-gate"]) == 2  # without -v: the error line
+    registry_server.start_server()
+    captured = capfd.readouterr()
+    texts = {
+        "stdout": captured.out,
+        "stderr": captured.err,
+        "server log": registry_server.server_log.read_text(),
+    }
+    for path in out_dir.iterdir():
+        texts[path.name] = path.read_text()
+    for uri in store_env.list(store_env.root_uri("models", "reg-secret") + "/"):
+        if not uri.endswith((".pt", ".safetensors")):
+            texts[uri] = store_env.get_bytes(uri).decode()
+    for version, artifact in _registered(registry_server.url, "reg-secret"):
+        texts[f"registry {version.name}"] = json.dumps(
+            [version.custom_properties, artifact.uri, version.description]
+        )
+    assert (
+        "model-registry://reg-secret/" in texts["model_card.md"]
+        and "registering it failed" in texts["stderr"]
+    )
+    leaks = [where for where, text in texts.items() if token in text]
+    assert leaks == [], f"the registry token appears in {leaks}"

@@ -95,6 +95,19 @@ def model_name(value: str) -> str | None:
     return None
 
 
+def registry_url(value: str) -> str | None:
+    """Empty (off) or an http(s)://host[:port] URL (``kubeflow_registry.registry_url``'s rule)."""
+    if not value:
+        return None
+    from cifar10_kfp.kubeflow_registry import registry_url as check
+
+    try:
+        check(value)
+    except ValueError:
+        return "empty, or http(s)://host[:port] with no path, query or credentials"
+    return None
+
+
 def available_presets() -> tuple[str, ...]:
     """The training presets (``cifar10_kfp.config.PRESETS``)."""
     from cifar10_kfp.config import PRESET_NAMES

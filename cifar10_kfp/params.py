@@ -124,6 +124,10 @@ TRAINING_PARAMS: tuple[Param, ...] = (
        rule.float_range(0.0, 1.0)),
     _P("model_name", str, "cifar10-classifier",
        "Name the model is published under (models/<name>/<version>).", rule.model_name),
+    _P("model_registry_url", str, "",
+       "Kubeflow Model Registry to register each published version in, http(s)://host[:port] (e.g. "
+       "http://model-registry-service.kubeflow:8080); empty registers nothing. Publishing fails, with the "
+       "version kept and latest unmoved, if the registry cannot register it.", rule.registry_url),
     _P("bucket", str, "", "Object-store bucket; empty uses CIFAR10_KFP_BUCKET (default mlpipeline).", rule.bucket),
     _P("storage_prefix", str, "",
        "Key prefix for everything the pipeline writes; empty uses CIFAR10_KFP_PREFIX, else "

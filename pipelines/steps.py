@@ -90,8 +90,14 @@ def evaluate(policy, train, dataset):
     return evaluation
 
 
-def gate_and_publish(policy, p: SimpleNamespace, *, model, dataset, test_accuracy) -> None:
-    """Publish ``model`` (and record the publication) only if it passes the gate."""
+def gate_and_publish(
+    policy, p: SimpleNamespace, *, model, dataset, test_accuracy, test_accuracy_plain=-1.0
+) -> None:
+    """Publish ``model`` (and record the publication) only if it passes the gate.
+
+    ``test_accuracy_plain``: the single-view accuracy, recorded with a registered version; -1 when
+    the pipeline did not measure it.
+    """
     gate = gate_model(
         model=model, dataset=dataset, test_accuracy=test_accuracy, min_accuracy=p.min_accuracy,
         model_name=p.model_name, **storage(p),
@@ -99,11 +105,13 @@ def gate_and_publish(policy, p: SimpleNamespace, *, model, dataset, test_accurac
     policy.step(gate, "gate")
     with dsl.If(gate.outputs["passed"] == True, name="gate-passed"):  # noqa: E712 - a KFP condition, not Python
         publish = publish_model(
-            model=model, dataset=dataset, test_accuracy=test_accuracy, model_name=p.model_name, run_id=RUN_ID,
-            **storage(p),
+            model=model, dataset=dataset, gate_decision=gate.outputs["decision"], test_accuracy=test_accuracy,
+            test_accuracy_plain=test_accuracy_plain, model_name=p.model_name, run_id=RUN_ID,
+            model_registry_url=p.model_registry_url, image=policy.image, **storage(p),
         ).set_display_name("publish")  # fmt: skip
         policy.step(publish, "publish")
         published = record_publication(
-            uri=publish.outputs["uri"], version=publish.outputs["version"], run_id=RUN_ID, **storage(p)
-        ).set_display_name("record-publication")
+            uri=publish.outputs["uri"], version=publish.outputs["version"],
+            registration=publish.outputs["registration"], run_id=RUN_ID, **storage(p),
+        ).set_display_name("record-publication")  # fmt: skip
         policy.step(published, "record")

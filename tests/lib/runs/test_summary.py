@@ -15,6 +15,7 @@ cifar10_kfp/runs/summary.py.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from kfp.dsl.executor import Executor
@@ -136,8 +137,7 @@ def test_the_summary_is_true_for_every_kfp_version(scenario, version, store_env,
     if scenario == "train failed":
         [failure] = summary["failures"]
         assert (
-            failure["cause"] == "MemoryError: CUDA out of memory"
-            and "test_run_summary.py" in failure["where"]
+            failure["cause"] == "MemoryError: CUDA out of memory" and Path(__file__).name in failure["where"]
         )
         assert last.endswith("(caused by MemoryError: CUDA out of memory)")
 

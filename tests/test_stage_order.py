@@ -70,7 +70,9 @@ def upward_imports() -> list[str]:
             for stage in stage_of(target, names):
                 if stage is not None and STAGES.index(stage) > rank:
                     where = f"{path.relative_to(ROOT)}:{line}"
-                    bad.append(f"{where}: stage {own or 'top'} imports {target} (stage {stage}, later in the order)")
+                    bad.append(
+                        f"{where}: stage {own or 'top'} imports {target} (stage {stage}, later in the order)"
+                    )
     return bad
 
 
@@ -97,7 +99,9 @@ def inner_imports(folder: str) -> list[str]:
 
 def test_the_library_has_no_more_than_three_top_modules():
     top = {p.stem for p in LIB.glob("*.py")}
-    assert top == TOP_MODULES, f"modules at the top of cifar10_kfp/: {sorted(top)}; a stage's module goes in its package"
+    assert top == TOP_MODULES, (
+        f"modules at the top of cifar10_kfp/: {sorted(top)}; a stage's module goes in its package"
+    )
     packages = {p.name for p in LIB.iterdir() if (p / "__init__.py").is_file()}
     assert packages == set(STAGES), f"packages {sorted(packages)} != the stages {STAGES}"
 
@@ -129,7 +133,9 @@ def test_the_light_stages_do_not_import_torch():
         "cifar10_kfp.tune, cifar10_kfp.trainjob; from cifar10_kfp.params import validated_outputs, TRAINING_KEYS; "
         "print(sorted(m for m in ('torch', 'numpy', 'optuna') if m in sys.modules))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
     assert out.stdout.strip() == "[]"
 
 

@@ -1,10 +1,10 @@
-"""cifar10_kfp.kubeflow_registry against the real registry server: register, re-register, resolve, outage."""
+"""cifar10_kfp.publish.kubeflow_registry against the real registry server: register, re-register, resolve, outage."""
 
 from __future__ import annotations
 
 import pytest
 
-from cifar10_kfp import kubeflow_registry as kr
+from cifar10_kfp.publish import kubeflow_registry as kr
 
 VERSION_URI = "s3://mlpipeline/cifar10-kfp/models/{name}/20260101T000000Z-abc"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cifar10_kfp import kubeflow_registry as kr
+from cifar10_kfp.publish import kubeflow_registry as kr
 from cifar10_kfp.storage import ObjectStore
 from cifar10_kfp_pipelines.local import run_local
 from tests.support.datagen import make_real_subset_archive

@@ -7,13 +7,13 @@ import json
 import pytest
 import yaml
 
-from cifar10_kfp import kubeflow_registry as kr
-from cifar10_kfp.config import make_config
 from cifar10_kfp.data.format import load_prepared
-from cifar10_kfp.models import save_model
-from cifar10_kfp.publish import REGISTRY_MANIFEST_FILE, publish_model
-from cifar10_kfp.registry import CARD_JSON, PublishError, latest_version, list_versions
+from cifar10_kfp.publish import kubeflow_registry as kr
+from cifar10_kfp.publish.registry import CARD_JSON, PublishError, latest_version, list_versions
+from cifar10_kfp.publish.release import REGISTRY_MANIFEST_FILE, publish_model
 from cifar10_kfp.storage import join_uri
+from cifar10_kfp.train.config import make_config
+from cifar10_kfp.train.models import save_model
 from cifar10_kfp_pipelines.cli import main
 from tests.support.models import train_tiny_model
 

@@ -29,7 +29,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from cifar10_kfp.embedded_store import free_ports
+from cifar10_kfp.storage.embedded import free_ports
 from tests.support.cluster.gobuild import ensure_binary
 
 # The REST API the pinned server serves; the pinned client ``model-registry==0.3.0`` calls it (clients up to

@@ -265,6 +265,9 @@ def format_summary(summary: dict) -> str:
         rows.append((key, f"{value:.4f}" if isinstance(value, float) else json.dumps(value)))
     published = summary.get("published")
     rows.append(("published", f"{published['uri']} (version {published['version']})" if published else "no"))
+    if published and published.get("model_registry"):
+        registered = published["model_registry"]
+        rows.append(("model registry", f"{registered['registry_uri']} at {registered['url']}"))
     rows += [(key, str(value)) for key, value in sorted((summary.get("artifacts") or {}).items()) if value]
     if summary.get("object_store_data"):
         rows.append(

@@ -6,7 +6,7 @@ import pytest
 
 from cifar10_kfp.publish import kubeflow_registry as kr
 from cifar10_kfp.storage import ObjectStore
-from cifar10_kfp_pipelines.local import run_local
+from cifar10_kfp_pipelines.local import format_summary, run_local
 from tests.support.datagen import make_real_subset_archive
 
 FAST = {"preset": "seed", "architecture": "simple_cnn", "epochs": "1", "image_size": "32", "num_gpus": "0",
@@ -24,6 +24,10 @@ def test_training_pipeline_registers_the_published_version(
               "model_registry_url": registry_server.url}  # fmt: skip
     summary = run_local("training", params, output_root=tmp_path / "runs")
     assert summary["status"] == "SUCCEEDED", summary
+    table = format_summary(summary)  # run-local's closing table names the registration
+    assert (
+        f"model-registry://e2e-registry/{summary['published']['version']} at {registry_server.url}" in table
+    )
     published = summary["published"]
     registration = published["model_registry"]  # the run summary shows the registration
     assert registration["registry_uri"] == f"model-registry://e2e-registry/{published['version']}"

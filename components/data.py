@@ -70,6 +70,7 @@ def preprocess_dataset(
     storage_prefix: str,
     minio_endpoint: str,
     dataset: Output[Dataset],
+    skip_bad_images: int = 0,
 ):
     """Decode the verified archive into one prepared-dataset file (safetensors, no pickle).
 
@@ -85,7 +86,9 @@ def preprocess_dataset(
         minio_endpoint: The object store's host:port the pipeline was compiled for (see ``download_dataset``).
         dataset: The prepared dataset (``dataset.safetensors``). Metadata: counts, class_names,
             mean, std, image_size, source_digest, format_version, preprocess_version, cache_uri,
-            cache_hit.
+            cache_hit, skipped_images (how many were left out).
+        skip_bad_images: 1 leaves out undecodable image-folder images (named in the file's metadata
+            and this step's log); 0 fails on the first one.
     """
     import json
 
@@ -107,6 +110,7 @@ def preprocess_dataset(
         max_test_samples=max_test_samples,
         image_size=image_size,
         seed=seed,
+        skip_bad_images=bool(skip_bad_images),
         source_digest=pointer["sha256"],
         store=store,
     )
@@ -121,5 +125,6 @@ def preprocess_dataset(
         seed=seed,
         cache_uri=info.cache_uri,
         cache_hit=info.cache_hit,
+        skipped_images=len(meta.get("skipped_images") or []),
     )
     print(json.dumps({k: dataset.metadata[k] for k in ("sizes", "mean", "std", "cache_hit")}, sort_keys=True))

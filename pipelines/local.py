@@ -271,6 +271,12 @@ def _plain(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
+def _as_typed(path: str) -> str:
+    """``path`` as a user would type it here: relative when under the working directory."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
+
+
 def format_summary(summary: dict) -> str:
     """The final table ``run-local`` prints: status, metrics and where everything is.
 
@@ -288,7 +294,11 @@ def format_summary(summary: dict) -> str:
     rows += [(key, str(value)) for key, value in sorted((summary.get("artifacts") or {}).items()) if value]
     if summary.get("object_store_data"):
         rows.append(
-            ("object store", f"{summary['object_store_data']} (browse: cifar10-kfp store --data-dir ...)")
+            (
+                "object store",
+                f"{summary['object_store_data']} (browse: cifar10-kfp store --data-dir "
+                f"{_as_typed(summary['object_store_data'])})",
+            )  # fmt: skip
         )
     rows += [(label, summary[key]) for label, key in (("local outputs", "local_root"), ("logs", "logs"))
              if summary.get(key)]  # fmt: skip

@@ -76,7 +76,7 @@ def preprocess_dataset(
 
     Args:
         archive: The pointer written by ``download_dataset``.
-        val_fraction: Share of the train split held out for validation, stratified, in [0, 1).
+        val_fraction: Share of the train split held out for validation, stratified, in [0, 0.5].
         max_train_samples: Stratified subset of the train split (before the val split); 0 = all.
         max_test_samples: Stratified subset of the test split; 0 = all.
         image_size: Output images are image_size x image_size (CIFAR-10 is 32).
@@ -87,8 +87,7 @@ def preprocess_dataset(
         dataset: The prepared dataset (``dataset.safetensors``). Metadata: counts, class_names,
             mean, std, image_size, source_digest, format_version, preprocess_version, cache_uri,
             cache_hit, skipped_images (how many were left out).
-        skip_bad_images: 1 leaves out undecodable image-folder images (named in the file's metadata
-            and this step's log); 0 fails on the first one.
+        skip_bad_images: 1 leaves out undecodable image-folder images, named in the metadata; 0 fails on one.
     """
     import json
 

@@ -11,33 +11,13 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from PIL import features
 
+from tests.support.cli import cli, user_env
 from tests.support.datagen import make_image_folder_archive, small_image_folder, solid_image
-from tests.support.paths import ROOT
-
-SCRIPT = Path(sys.executable).with_name("cifar10-kfp")
-
-
-def user_env(**extra: str) -> dict[str, str]:
-    """This environment without an object store, a cluster or a KFP login configured."""
-    drop = ("MINIO_", "CIFAR10_KFP_", "KF_PIPELINES_", "KUBERNETES_SERVICE_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    env["PYTHONPATH"] = str(ROOT)
-    return {**env, **extra}
-
-
-def cli(cwd: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 180):
-    command = [str(SCRIPT)] if SCRIPT.is_file() else [sys.executable, "-m", "cifar10_kfp_pipelines.cli"]
-    return subprocess.run(
-        [*command, *args], cwd=cwd, env=env or user_env(), capture_output=True, text=True, timeout=timeout,
-        check=False,
-    )  # fmt: skip
 
 
 @pytest.fixture

@@ -186,7 +186,7 @@ def unreachable_reason(exc: BaseException) -> str:
     ):
         return "did not answer: the connection timed out"
     if isinstance(reason, ProtocolError):
-        return f"dropped the connection ({text.split(':', 1)[0]})"
+        return f"dropped the connection ({str(reason.args[0]).rstrip('.') if reason.args else text})"
     detail = text.rpartition("]")[2].strip(" )\"'") or text
     return f"is unreachable ({detail})"
 

@@ -206,3 +206,20 @@ def test_run_local_refuses_several_nodes_and_bad_json_before_anything_runs(clean
     )
     assert "out of range" not in bad.stderr
     assert list(clean_dir.iterdir()) == []  # no output root, no store: nothing started
+
+
+def test_a_timeout_and_a_dropped_connection_are_worded_as_such():
+    from urllib3.exceptions import ConnectTimeoutError, MaxRetryError, ProtocolError, ReadTimeoutError
+
+    from cifar10_kfp_pipelines.kfp_client import unreachable_reason
+
+    def gave_up(reason):
+        return MaxRetryError(None, "/apis/v2beta1/healthz", reason)
+
+    connect = ConnectTimeoutError(None, "Connection to 10.0.0.1 timed out. (connect timeout=15)")
+    assert unreachable_reason(gave_up(connect)) == "did not answer: the connection timed out"
+    assert unreachable_reason(ReadTimeoutError(None, "/x", "read timed out")) == (
+        "did not answer: the connection timed out"
+    )
+    dropped = ProtocolError("Connection aborted.", ConnectionResetError(104, "reset by peer"))
+    assert unreachable_reason(gave_up(dropped)) == "dropped the connection (Connection aborted)"

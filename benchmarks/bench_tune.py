@@ -47,7 +47,7 @@ def _subset(ctx: BenchContext, n_train: int, n_val: int, where: Path):
 
 def run_grid(values: dict, data_path) -> list[dict]:
     """Every grid point trained for the trial length; one row each (val_acc, epochs, seconds)."""
-    from cifar10_kfp.distributed import setup_runtime
+    from cifar10_kfp.train.distributed import setup_runtime
     from cifar10_kfp.tune.study import trial_config
     from cifar10_kfp.tune.trial import StudyData, train_trial
 
@@ -82,7 +82,7 @@ def run(ctx: BenchContext) -> dict:
 
 def _search(ctx: BenchContext, n_train: int, n_val: int, epochs: int, tmp: Path):
     """The grid, then the study, on the same subset; (grid rows, TuneResult, the study's values)."""
-    from cifar10_kfp.param_validation import validate_pipeline_params
+    from cifar10_kfp.params.validation import validate_pipeline_params
     from cifar10_kfp.tune.study import run_study
 
     data = _subset(ctx, n_train, n_val, tmp)

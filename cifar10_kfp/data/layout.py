@@ -22,6 +22,13 @@ from cifar10_kfp.data.archives import ArchiveError, ArchiveMember
 
 log = logging.getLogger(__name__)
 
+# The official CIFAR-10 archive (python batches) and its published md5: the default dataset.
+CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+CIFAR10_CHECKSUM = "md5:c58f30108f718f92721af3b95e74349a"
+# At most this share of the train split becomes validation: one rule for the pipeline's
+# val_fraction (params/table.py) and `cifar10-kfp data --val-fraction` (preprocess.PrepareParams).
+MAX_VAL_FRACTION = 0.5
+
 CIFAR10_PYTHON = "cifar10-python"
 IMAGE_FOLDER = "image-folder"
 FORMATS = (CIFAR10_PYTHON, IMAGE_FOLDER)

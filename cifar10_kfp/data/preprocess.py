@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cifar10_kfp.data import MAX_VAL_FRACTION, official
+import cifar10_kfp.data.official as official
 from cifar10_kfp.data.archives import ArchiveLimits, iter_archive
 from cifar10_kfp.data.format import (
     FORMAT_VERSION,
@@ -38,7 +38,13 @@ from cifar10_kfp.data.format import (
     save_prepared,
 )
 from cifar10_kfp.data.images import decode_images, decode_images_skipping
-from cifar10_kfp.data.layout import CIFAR10_PYTHON, OFFICIAL_TRAIN_BATCHES, detect_layout, index_image_folder
+from cifar10_kfp.data.layout import (
+    CIFAR10_PYTHON,
+    MAX_VAL_FRACTION,
+    OFFICIAL_TRAIN_BATCHES,
+    detect_layout,
+    index_image_folder,
+)
 from cifar10_kfp.data.splits import channel_stats, select_indices, split_validation, stratified_pick
 from cifar10_kfp.storage import ObjectNotFound, ObjectStore, is_remote, open_store, parse_uri, sha256_file
 

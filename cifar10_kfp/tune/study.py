@@ -1,7 +1,7 @@
 """The study: Optuna trials in this process, one per GPU at a time, its state in the object store.
 
 ``run_study(values, data, output_dir, study_uri=...)`` takes a tune pipeline's validated values
-(``cifar10_kfp.param_validation.validate_pipeline_params(..., "tune")``): the training settings every trial
+(``cifar10_kfp.params.validation.validate_pipeline_params(..., "tune")``): the training settings every trial
 starts from, ``search_space``, ``n_trials``, ``timeout_s``, ``sampler``, ``pruner`` and
 ``trial_epochs``. Each trial's ``TrainConfig`` is ``params.train_config(training, searched)``:
 the one pipeline -> config mapping, with the trial's values on top. A trial reports its
@@ -32,9 +32,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cifar10_kfp import params
+from cifar10_kfp.params import table as params
+from cifar10_kfp.params.space import Dimension, parse_search_space
 from cifar10_kfp.tune.report import TuneResult
-from cifar10_kfp.tune.space import Dimension, parse_search_space
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +219,7 @@ def make_objective(values: Mapping[str, Any], space: Mapping[str, Dimension], sl
 def _device_slots(data: str, device, concurrent: int | None) -> queue.Queue:
     """One ``(StudyData, Runtime)`` per device of ``trial_devices``; the dataset file is read once."""
     from cifar10_kfp.data.format import load_prepared
-    from cifar10_kfp.distributed import Runtime
+    from cifar10_kfp.train.distributed import Runtime
     from cifar10_kfp.tune.trial import StudyData
 
     dataset = load_prepared(data)
@@ -238,7 +238,7 @@ def run_study(values: Mapping[str, Any], data: str, output_dir: str | os.PathLik
     """
     import optuna
 
-    from cifar10_kfp.distributed import resolve_device
+    from cifar10_kfp.train.distributed import resolve_device
     from cifar10_kfp.tune.report import write_outputs
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

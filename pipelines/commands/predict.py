@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from cifar10_kfp.serving import load_published, predict_files
+    from cifar10_kfp.publish import load_published, predict_files
     from cifar10_kfp_pipelines.local import object_store_env
 
     if os.path.isdir(args.model):  # a model directory needs no store

@@ -56,7 +56,7 @@ def test_local_commands_in_an_empty_folder_say_no_run_local_ran_there(clean_dir)
 
 
 def test_the_embedded_store_starts_on_a_relative_data_dir_and_leaves_nothing_in_tmp(clean_dir, monkeypatch):
-    from cifar10_kfp.embedded_store import EmbeddedObjectStore
+    from cifar10_kfp.storage.embedded import EmbeddedObjectStore
 
     monkeypatch.chdir(clean_dir)
     before = set(os.listdir("/tmp"))

@@ -158,10 +158,7 @@ def _load_official(archive: str, files: dict[str, bytes], root: str, params: Pre
         test_y[test_idx],
     )
     if params.image_size != official.IMAGE_SHAPE[-1]:
-        train_x, test_x = (
-            _resize_arrays(train_x, params.image_size),
-            _resize_arrays(test_x, params.image_size),
-        )
+        train_x, test_x = (_resize_arrays(x, params.image_size) for x in (train_x, test_x))
     return class_names, (train_x, train_y), (test_x, test_y)
 
 
@@ -184,21 +181,12 @@ def _load_image_folder(
             log.warning("skipping %s (skip_bad_images): %s", name, error)
         skipped += [{"name": name, "error": error} for name, error in failed]
         kept_labels = labels[np.asarray(chosen, dtype=np.int64)[kept]] if kept else labels[:0]
-        _require_every_class(archive, split, index.class_names, kept_labels, len(failed))
+        empty = [name for i, name in enumerate(index.class_names) if not np.any(kept_labels == i)]
+        if split == "train" and empty:  # the split and the model need every class
+            raise ValueError(f"{archive}: no decodable train image left in class folder(s) {empty} after skipping "
+                             f"{len(failed)} undecodable image(s)")  # fmt: skip
         out.append((images, kept_labels))
     return index.class_names, out[0], out[1], skipped
-
-
-def _require_every_class(archive: str, split: str, class_names, labels: np.ndarray, skipped: int) -> None:
-    """After skipping, each train class still needs an image (the split and the model need every class)."""
-    if split != "train" or not skipped:
-        return
-    empty = [name for i, name in enumerate(class_names) if not np.any(labels == i)]
-    if empty:
-        raise ValueError(
-            f"{archive}: no decodable train image left in class folder(s) {empty} after skipping {skipped} "
-            "undecodable image(s)"
-        )
 
 
 def build_dataset(
@@ -348,18 +336,10 @@ def prepare_dataset(
     with tempfile.TemporaryDirectory(prefix="cifar10-kfp-prepared-") as tmp:
         out = Path(tmp) / "dataset.safetensors"
         info = prepare_to_file(
-            archive_path_or_uri,
-            out,
-            val_fraction=val_fraction,
-            max_train_samples=max_train_samples,
-            max_test_samples=max_test_samples,
-            image_size=image_size,
-            seed=seed,
-            skip_bad_images=skip_bad_images,
-            source_digest=source_digest,
-            store=store,
-            cache=cache,
-        )
+            archive_path_or_uri, out, val_fraction=val_fraction, max_train_samples=max_train_samples,
+            max_test_samples=max_test_samples, image_size=image_size, seed=seed, skip_bad_images=skip_bad_images,
+            source_digest=source_digest, store=store, cache=cache,
+        )  # fmt: skip
         return load_prepared(out), info
 
 

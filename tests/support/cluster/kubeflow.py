@@ -97,6 +97,166 @@ class _Manager:
         procs.wait_for(f"{self.name} /readyz", ready, _WAIT_S, [self.proc])
 
     def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
+            self.proc = None
+
+
+class TrainerStack:
+    """Trainer + JobSet installed on a control plane; `stop()` removes them again."""
+
+    def __init__(self, cp: ControlPlane, stack: str):
+        if stack not in versions.TRAINER_STACKS:
+            raise ValueError(f"unknown trainer stack {stack!r}; known: {', '.join(versions.TRAINER_STACKS)}")
+        pin = versions.TRAINER_STACKS[stack]
+        self.cp, self.stack = cp, stack
+        self.version, self.jobset_version = pin.trainer, pin.jobset
+        self.trainer_dir = gobuild.module_dir(versions.TRAINER_MODULE, pin.trainer)
+        self.jobset_dir = gobuild.module_dir(versions.JOBSET_MODULE, pin.jobset)
+        self._applied: list[dict] = []
+        self.jobset = self.trainer = None
+        self.started_in_s: float | None = None
+
+    # -- install ---------------------------------------------------------------------------
+    def install(self) -> TrainerStack:
+        started = time.monotonic()
+        jobset_bin = gobuild.ensure_binary("jobset", self.jobset_version)
+        trainer_bin = gobuild.ensure_binary("trainer-controller-manager", self.version)
+        for ns in ("jobset-system", "kubeflow-system"):
+            self._apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}])
+        self.jobset = _Manager(
+            self.cp, f"jobset-{self.jobset_version}", "jobset-system", "jobset-controller-manager"
+        )
+        self.trainer = _Manager(
+            self.cp, f"trainer-{self.version}", "kubeflow-system", "kubeflow-trainer-controller-manager"
+        )
+        self._install_crds()
+        self._bind_role(self.jobset, self.jobset_dir / "config/components/rbac", "manager-role")
+        self._bind_role(
+            self.trainer, self.trainer_dir / "manifests/base/rbac", "kubeflow-trainer-controller-manager"
+        )
+        self.jobset.start([str(jobset_bin), f"--config={self._jobset_config()}", "--zap-log-level=info"])
+        self.trainer.start([str(trainer_bin), f"--config={self._trainer_config()}", "--zap-log-level=info"])
+        self._apply(
+            _webhook_objects(
+                _kustomize(self.jobset_dir / "config/components/webhook"),
+                self.jobset.webhook_port,
+                self.jobset.ca.cert_pem,
+                "jobset",
+            )
+        )
+        self._apply(
+            _webhook_objects(
+                _kustomize(self.trainer_dir / "manifests/base/webhook"),
+                self.trainer.webhook_port,
+                self.trainer.ca.cert_pem,
+                "trainer",
+            )
+        )
+        self._install_runtime()
+        self.started_in_s = round(time.monotonic() - started, 1)
+        return self
+
+    def _apply(self, docs: list[dict]) -> None:
+        self.cp.kubectl_ok(
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            "-",
+            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}),
+        )
+        self._applied.extend(docs)
+
+    def _install_crds(self) -> None:
+        crds = _kustomize(self.jobset_dir / "config/components/crd") + _kustomize(
+            self.trainer_dir / "manifests/base/crds"
+        )
+        for crd in crds:
+            conversion = crd["spec"].get("conversion") or {}
+            if conversion.get("strategy") == "Webhook":
+                # JobSet serves one version, so the API server never converts; the webhook still
+                # has to name a reachable endpoint for the CRD to be valid.
+                _point_at(
+                    conversion["webhook"]["clientConfig"], self.jobset.webhook_port, self.jobset.ca.cert_pem
+                )
+        self._apply(crds)
+        names = [f"crd/{c['metadata']['name']}" for c in crds]
+        self.cp.kubectl_ok("wait", "--for=condition=Established", "--timeout=120s", *names, timeout=130)
+
+    def _bind_role(self, mgr: _Manager, rbac_dir: pathlib.Path, role_name: str) -> None:
+        roles = [
+            d
+            for d in _kustomize(rbac_dir)
+            if d["kind"] == "ClusterRole" and d["metadata"]["name"] == role_name
+        ]
+        if len(roles) != 1:
+            raise RuntimeError(f"{rbac_dir} has no ClusterRole {role_name!r}")
+        role = roles[0]
+        role["metadata"]["name"] = f"{mgr.name}-{role_name}"
+        _, _, rest = mgr.user.partition("system:serviceaccount:")
+        ns, _, sa = rest.partition(":")
+        binding = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": role["metadata"]["name"]},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": role["metadata"]["name"],
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}],
+        }
+        self._apply([role, binding])
+
+    def _jobset_config(self) -> pathlib.Path:
+        cfg = yaml.safe_load(
+            (self.jobset_dir / "config/components/manager/controller_manager_config.yaml").read_text()
+        )
+        cfg["leaderElection"] = {"leaderElect": False}
+        cfg["internalCertManagement"] = {"enable": False}
+        cfg["webhook"] = {"port": self.jobset.webhook_port, "host": "127.0.0.1"}
+        cfg["metrics"] = {"bindAddress": "0"}
+        cfg["health"] = {"healthProbeBindAddress": f"127.0.0.1:{self.jobset.health_port}"}
+        path = self.jobset.dir / "config.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        return path
+
+    def _trainer_config(self) -> pathlib.Path:
+        cfg = yaml.safe_load(
+            (self.trainer_dir / "manifests/base/manager/controller_manager_config.yaml").read_text()
+        )
+        cfg["leaderElection"]["leaderElect"] = False
+        cfg["certManagement"]["enable"] = False
+        cfg["webhook"] = {"port": self.trainer.webhook_port, "host": "127.0.0.1"}
+        cfg["metrics"] = {"bindAddress": "0", "secureServing": False}
+        cfg["health"]["healthProbeBindAddress"] = f"127.0.0.1:{self.trainer.health_port}"
+        if "statusServer" in cfg:
+            cfg["statusServer"]["port"] = procs.free_port()
+        path = self.trainer.dir / "config.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        return path
+
+    def _install_runtime(self) -> None:
+        runtime = yaml.safe_load(
+            (self.trainer_dir / "manifests/base/runtimes/torch_distributed.yaml").read_text()
+        )
+        if runtime["metadata"]["name"] != TORCH_RUNTIME:
+            raise RuntimeError(f"{self.trainer_dir} torch runtime is named {runtime['metadata']['name']!r}")
+        body = json.dumps(runtime)
+        # The validating webhook admits the runtime: this is the check that the API server reaches
+        # the Trainer's webhook. A new webhook configuration takes a moment to reach the API server.
+        procs.wait_for(
+            "the Trainer webhook admitting the torch-distributed runtime",
+            lambda: self.cp.kubectl("apply", "--server-side", "-f", "-", input=body).returncode == 0,
+            _WAIT_S,
+            [self.jobset.proc, self.trainer.proc],
+            interval_s=0.5,
+        )
+        self._applied.append(runtime)
+
+    # -- uninstall -------------------------------------------------------------------------
+    def stop(self) -> None:
         """Delete what the stack made (while its controllers still run finalizers), then stop them."""
         kubectl = self.cp.kubectl
         for kind in ("trainjobs.trainer.kubeflow.org", "jobsets.jobset.x-k8s.io"):

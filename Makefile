@@ -16,7 +16,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE ?= $(REGISTRY)/cifar10-kfp:$(VERSION)
 PYTEST_ARGS ?=
 
-.PHONY: help install run test test-fast test-registry model-registry compile lint bench bench-quick image clean
+.PHONY: help install run test test-fast test-registry model-registry test-cluster cluster cluster-build compile lint bench bench-quick image clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -34,15 +34,24 @@ install: $(STAMP) ## create .venv (if missing) and install the package with its 
 run: $(STAMP) ## run the whole training pipeline locally (kfp.local) on the embedded object store
 	$(CLI) run-local --param dataset_uri=$(DATASET) $(foreach p,$(PARAMS),--param $(p)) --summary-json runs/last-summary.json
 
-# tests/model_registry needs a MariaDB server (Debian's mariadb-server) and Go to build the registry
-# once: `make test-registry` runs it, and .ci/run installs MariaDB and calls it after `make test`.
+# tests/cluster (`make test-cluster`) and tests/model_registry (`make test-registry`: a MariaDB from Debian's
+# mariadb-server and the registry built once from its Go module) run in targets of their own; .ci/run calls both.
 REGISTRY_TESTS := tests/model_registry
 
-test: $(STAMP) ## run the whole test suite (less tests/model_registry: see test-registry)
-	$(PY) -m pytest --ignore=$(REGISTRY_TESTS) $(PYTEST_ARGS)
+test: $(STAMP) ## run the whole test suite (tests/cluster and tests/model_registry run in their own targets)
+	$(PY) -m pytest --ignore=tests/cluster --ignore=$(REGISTRY_TESTS) $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## run the tests not marked slow
-	$(PY) -m pytest --ignore=$(REGISTRY_TESTS) -m "not slow and not reliability" $(PYTEST_ARGS)
+	$(PY) -m pytest --ignore=tests/cluster --ignore=$(REGISTRY_TESTS) -m "not slow and not reliability" $(PYTEST_ARGS)
+
+cluster-build: $(STAMP) ## build the real control plane's Go binaries (once per version, cached in ~/.cache/cifar10-kfp)
+	$(PY) -m tests.support.cluster.gobuild --all
+
+test-cluster: cluster-build ## run tests/cluster against a real control plane, Trainer and JobSet on 127.0.0.1
+	$(PY) -m pytest tests/cluster --timeout=900 $(PYTEST_ARGS)
+
+cluster: cluster-build ## start the real control plane + Trainer in the foreground; prints export KUBECONFIG=...
+	$(PY) -m tests.support.cluster $(CLUSTER_ARGS)
 
 test-registry: $(STAMP) ## the tests against a real Kubeflow Model Registry server (needs mariadb-server and go)
 	$(PY) -m pytest $(REGISTRY_TESTS) $(PYTEST_ARGS)

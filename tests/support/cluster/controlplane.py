@@ -23,8 +23,6 @@ import time
 from tests.support.cluster import certs, gobuild, kwok_stages, procs, versions
 
 SERVICE_CIDR = "10.0.0.0/24"
-KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
-GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 _START_TIMEOUT_S = 180.0
 
 
@@ -50,11 +48,21 @@ class ControlPlane:
 
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> ControlPlane:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
+        # A free port is found by binding port 0 and releasing it; another process can take it
+        # before the component binds. That one race gets a second, clean attempt.
+        for attempt in (1, 2):
+            try:
+                self.start()
+                return self
+            except Exception as exc:
+                self._stop_processes()
+                if attempt == 2 or "address already in use" not in str(exc):
+                    self.stop()
+                    raise
+                shutil.rmtree(self.dir / "etcd", ignore_errors=True)
+            except BaseException:
+                self.stop()
+                raise
         return self
 
     def __exit__(self, *exc) -> None:
@@ -89,9 +97,12 @@ class ControlPlane:
         )
         self.started_in_s = round(time.monotonic() - started, 1)
 
-    def stop(self) -> None:
+    def _stop_processes(self) -> None:
         for name in reversed(list(self.procs)):
             self.procs.pop(name).stop()
+
+    def stop(self) -> None:
+        self._stop_processes()
         if self._own_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -126,11 +137,8 @@ class ControlPlane:
         self.admin_cert, self.admin_key = certs.write_pair(pki, "admin", self._admin_pair)
 
     def kubeconfig_for(self, user: str, groups: list[str] | tuple[str, ...] = ()) -> pathlib.Path:
-        """A kubeconfig authenticating as `user` in `groups` (an x509 client certificate).
-
-        For a service account pass user="system:serviceaccount:<ns>:<name>" and groups
-        ["system:serviceaccounts", "system:serviceaccounts:<ns>"]: RBAC bindings to the
-        ServiceAccount subject match that user name.
+        """A kubeconfig authenticating as `user` in `groups`: an x509 client certificate, so the
+        user name is at most 64 characters. A service account: service_account_kubeconfig.
         """
         safe = "".join(c if c.isalnum() or c in "-." else "_" for c in user)
         digest = hashlib.sha256("\0".join(groups).encode()).hexdigest()[:10]
@@ -140,6 +148,19 @@ class ControlPlane:
                 path, self.server, self.ca.cert_pem, user, self.ca.client(user, list(groups))
             )
         return path
+
+    def service_account_kubeconfig(self, namespace: str, name: str) -> pathlib.Path:
+        """A kubeconfig for service account namespace/name (created if missing) holding a bound
+        token from the TokenRequest API: what a pod of that account holds."""
+        sa = {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": name, "namespace": namespace},
+        }
+        self.kubectl_ok("apply", "-f", "-", input=json.dumps(sa))
+        token = self.kubectl_ok("create", "token", name, "-n", namespace, "--duration=48h").stdout.strip()
+        path = self.dir / "kubeconfigs" / f"sa-{namespace}-{name}.kubeconfig"
+        return certs.write_kubeconfig(path, self.server, self.ca.cert_pem, f"{namespace}/{name}", token=token)
 
     def _ssl_admin(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=str(self.ca_file))
@@ -265,37 +286,18 @@ class ControlPlane:
             str(binary),
             f"--kubeconfig={kubeconfig}",
             f"--config={config}",
-            f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
+            f"--manage-nodes-with-annotation-selector={kwok_stages.KWOK_NODE_ANNOTATION}=fake",
             "--node-lease-duration-seconds=40",
             "--cidr=10.244.0.0/16",
             "--node-ip=127.0.0.1",
         ]
         self.procs["kwok"] = procs.Process("kwok", argv, self.dir / "logs")
 
-    def _node(self, name: str, gpus: int) -> dict:
-        capacity = {"cpu": "16", "memory": "64Gi", "pods": "110", "ephemeral-storage": "200Gi"}
-        labels = {
-            "kubernetes.io/hostname": name,
-            "kubernetes.io/os": "linux",
-            "kubernetes.io/arch": "amd64",
-            "type": "kwok",
-        }
-        spec: dict = {}
-        if gpus:
-            capacity["nvidia.com/gpu"] = str(gpus)
-            labels["nvidia.com/gpu.present"] = "true"
-            spec["taints"] = [GPU_TAINT]
-        return {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {"name": name, "labels": labels, "annotations": {KWOK_NODE_ANNOTATION: "fake"}},
-            "spec": spec,
-            "status": {"capacity": capacity, "allocatable": capacity},
-        }
-
     def _create_nodes(self) -> None:
-        nodes = [self._node(f"kwok-cpu-{i}", 0) for i in range(self.cpu_nodes)]
-        nodes += [self._node(f"kwok-gpu-{i}", self.gpus_per_node) for i in range(self.gpu_nodes)]
+        nodes = [kwok_stages.node_manifest(f"kwok-cpu-{i}", 0) for i in range(self.cpu_nodes)]
+        nodes += [
+            kwok_stages.node_manifest(f"kwok-gpu-{i}", self.gpus_per_node) for i in range(self.gpu_nodes)
+        ]
         self.node_names = [n["metadata"]["name"] for n in nodes]
         self.kubectl_ok(
             "create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": nodes})
@@ -339,6 +341,20 @@ class ControlPlane:
         if proc.returncode != 0:
             raise RuntimeError(f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
         return proc
+
+    def wait_for(self, what: str, check, timeout_s: float = 60) -> None:
+        """Poll check() until true; fails early if a component of the control plane died."""
+        procs.wait_for(what, check, timeout_s, self._procs(), interval_s=0.3)
+
+    def create_namespace(self, name: str, labels: dict[str, str] | None = None) -> str:
+        """Create a namespace and wait for its default service account (pods need it)."""
+        ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}}
+        self.kubectl_ok("create", "-f", "-", input=json.dumps(ns))
+        self.wait_for(
+            f"service account default in {name}",
+            lambda: self.kubectl("get", "serviceaccount", "default", "-n", name).returncode == 0,
+        )
+        return name
 
     # -- pod outcomes (kwok stages, see kwok_stages.py) --------------------------------------
     def succeed_pod(self, namespace: str, name: str) -> None:

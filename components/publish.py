@@ -24,7 +24,7 @@ def gate_model(
     bucket: str,
     storage_prefix: str,
     decision: Output[Artifact],
-) -> NamedTuple("GateOutputs", [("passed", bool), ("champion_accuracy", float)]):
+) -> NamedTuple("GateOutputs", [("passed", bool), ("champion_accuracy", float)]):  # type: ignore[valid-type]  # KFP's output idiom, evaluated in the pod
     """Decide whether the challenger may be published.
 
     Args:
@@ -60,7 +60,8 @@ def gate_model(
     record_gate_decision(store, record)  # the run summary tells "not published" from "failed" by it
     champion = -1.0 if result.champion_accuracy is None else result.champion_accuracy
     freeze_heap_before_exit()  # the process ends next: spare its exit a collection over torch's objects
-    return namedtuple("GateOutputs", ["passed", "champion_accuracy"])(result.passed, champion)
+    GateOutputs = namedtuple("GateOutputs", ["passed", "champion_accuracy"])
+    return GateOutputs(result.passed, champion)
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
@@ -74,7 +75,7 @@ def publish_model(
     storage_prefix: str,
     card: Output[Markdown],
     inference_service: Output[Artifact],
-) -> NamedTuple("PublishOutputs", [("uri", str), ("version", str)]):
+) -> NamedTuple("PublishOutputs", [("uri", str), ("version", str)]):  # type: ignore[valid-type]  # KFP's output idiom, evaluated in the pod
     """Publish the model as a new version and move ``latest`` to it.
 
     Args:
@@ -126,4 +127,5 @@ def publish_model(
         }
     )
     freeze_heap_before_exit()  # the process ends next: spare its exit a collection over torch's objects
-    return namedtuple("PublishOutputs", ["uri", "version"])(result.uri, result.version)
+    PublishOutputs = namedtuple("PublishOutputs", ["uri", "version"])
+    return PublishOutputs(result.uri, result.version)

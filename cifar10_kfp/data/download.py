@@ -126,7 +126,7 @@ def _fetch(source: str, kind: str, workdir: Path, limits: DownloadLimits, store:
     """Fetch into ``workdir`` (or use a local file in place); returns ``(path, hasher, is_copy)``."""
     if kind == "local":
         path = parse_uri(source).path
-        if not path.is_file():
+        if path is None or not path.is_file():
             raise FileNotFoundError(f"dataset source {source!r}: no such file {path}")
         size = path.stat().st_size
         if size > limits.max_bytes:

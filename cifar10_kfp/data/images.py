@@ -73,9 +73,9 @@ def _cgroup_cpu_limit() -> int | None:
     except (OSError, ValueError):
         pass
     try:
-        quota = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
-        period = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
-        return max(1, -(-quota // period)) if quota > 0 and period > 0 else None
+        quota_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
+        period_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+        return max(1, -(-quota_us // period_us)) if quota_us > 0 and period_us > 0 else None
     except (OSError, ValueError):
         return None
 

@@ -25,6 +25,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -41,6 +42,9 @@ from cifar10_kfp.data.images import decode_images
 from cifar10_kfp.data.layout import CIFAR10_PYTHON, OFFICIAL_TRAIN_BATCHES, detect_layout, index_image_folder
 from cifar10_kfp.data.splits import channel_stats, select_indices, split_validation, stratified_pick
 from cifar10_kfp.storage import ObjectNotFound, ObjectStore, is_remote, open_store, parse_uri, sha256_file
+
+if TYPE_CHECKING:  # for the annotation only: preprocess needs no download code at run time
+    from cifar10_kfp.data.download import DownloadResult
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +217,7 @@ def _localize(archive: str, tmp: Path, store: ObjectStore) -> Path:
         store.get_file(archive, local)  # verifies the sha256 recorded at upload
         return local
     path = parse_uri(archive).path
-    if not path.is_file():
+    if path is None or not path.is_file():
         raise FileNotFoundError(f"dataset archive not found: {path}")
     return path
 
@@ -315,7 +319,7 @@ def prepare_dataset(
 
 @dataclass
 class PrepareResult:
-    download: object  # DownloadResult
+    download: DownloadResult
     prepare: PrepareInfo
 
     def summary(self) -> dict:

@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
@@ -25,7 +27,16 @@ class Normalize(nn.Module):
     it runs) and held as buffers, so ``.to()`` and TorchScript carry them.
     """
 
-    def __init__(self, mean, std, device: torch.device | str | None = None, channels_last: bool = False):
+    scale: torch.Tensor  # buffers, declared so that they type as tensors rather than Tensor | Module
+    shift: torch.Tensor
+
+    def __init__(
+        self,
+        mean: Sequence[float],
+        std: Sequence[float],
+        device: torch.device | str | None = None,
+        channels_last: bool = False,
+    ):
         super().__init__()
         std_t = torch.tensor(std, dtype=torch.float32, device=device).view(1, -1, 1, 1)
         self.register_buffer("scale", (1.0 / (255.0 * std_t.view(-1))).view(1, -1, 1, 1))

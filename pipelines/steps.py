@@ -76,7 +76,7 @@ def validated_data(policy, p: SimpleNamespace, validate_component):
     preprocess = preprocess_dataset(
         archive=download.outputs["archive"], val_fraction=p.val_fraction, max_train_samples=p.max_train_samples,
         max_test_samples=p.max_test_samples, image_size=p.image_size, seed=p.seed,
-        minio_endpoint=policy.minio_endpoint, **storage(p),
+        skip_bad_images=p.skip_bad_images, minio_endpoint=policy.minio_endpoint, **storage(p),
     ).set_display_name("preprocess")  # fmt: skip
     policy.step(preprocess, "preprocess")
     return validate, download, preprocess

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import cifar10_kfp.params.checks as rule
-from cifar10_kfp.data import CIFAR10_URL
+from cifar10_kfp.data import CIFAR10_URL, MAX_VAL_FRACTION
 
 if TYPE_CHECKING:  # annotations only
     from cifar10_kfp.storage import ObjectStore
@@ -70,13 +70,17 @@ TRAINING_PARAMS: tuple[Param, ...] = (
        "Expected checksum of the archive: sha256:<64 hex> (prefix optional) or md5:<32 hex>; empty skips the check.",
        rule.checksum),
     _P("val_fraction", float, 0.1,
-       "Fraction of the training split held out for validation, in [0, 0.5].", rule.float_range(0.0, 0.5)),
+       f"Fraction of the training split held out for validation, in [0, {MAX_VAL_FRACTION:g}].",
+       rule.float_range(0.0, MAX_VAL_FRACTION)),
     _P("max_train_samples", int, 0,
        "Use at most this many training images, stratified by class; 0 uses all.", rule.int_range(0, 10_000_000)),
     _P("max_test_samples", int, 0,
        "Use at most this many test images, stratified by class; 0 uses all.", rule.int_range(0, 10_000_000)),
     _P("image_size", int, 32,
        "Side in pixels the images are resized to, 8..512 (32 is CIFAR-10's native size).", rule.int_range(8, 512)),
+    _P("skip_bad_images", int, 0,
+       "1 leaves out image-folder images that cannot be decoded (counted and named in the prepared dataset's "
+       "skipped_images); 0 fails on the first one, naming it.", rule.int_range(0, 1)),
     _P("preset", str, "fast",
        "Training preset: seed (baseline), fast (GPU speed run) or cpu (small, for CPU-only runs).", rule.preset,
        train=True),
@@ -251,6 +255,8 @@ def _check(param: Param, value: Any, where: str = "") -> None:
     problem = param.check(value)
     if problem is None:
         return
+    if problem.startswith(rule.NOT_VALID):  # malformed (e.g. not JSON), not out of range
+        raise ValueError(f"{where}{param.name}={value!r} {problem}")
     if param.preset_default:
         unset = repr(param.default) if param.kind is str else "0"
         problem = f"use {unset} (the preset's default) or {problem.removeprefix('use ')}"

@@ -206,6 +206,23 @@ def recorded_cause(summary: dict) -> str:
     return cause if cause and cause not in (summary.get("error") or "") else ""
 
 
+def unpublished_reason(summary: dict) -> str:
+    """Why the run published no model, in words ("" when it published one).
+
+    The gate's own reason when it kept the model back (accuracy below ``min_accuracy``, not better
+    than the champion, a champion of another image size or classes); else the failure that stopped
+    the run before publishing. One rule for run-local's table and ``runs``.
+    """
+    if summary.get("published"):
+        return ""
+    gate = summary.get("gate") or {}
+    if gate and not gate.get("passed"):
+        return f"the gate kept it back: {gate.get('reason') or 'no reason recorded'}"
+    if summary.get("status") == FAILED:
+        return f"the run failed at step {summary.get('failed_task') or '?'}"
+    return "no gate decision was recorded"
+
+
 class _Unreadable:
     """Stands in for ``RunRecords`` when no store could be opened: every read fails."""
 
@@ -229,6 +246,7 @@ __all__ = [
     "build_summary",
     "decide_status",
     "recorded_cause",
+    "unpublished_reason",
     "verdict_line",
     "write_summary",
 ]

@@ -18,6 +18,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -34,6 +35,7 @@ from cifar10_kfp.storage.store import ObjectStore
 # SeaweedFS needs this many listening ports: master, volume, filer, s3 (http + grpc each).
 _PORT_NAMES = ("master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3", "s3_grpc")
 _PR_SET_PDEATHSIG = 1
+_WEED_SOCKET_DIR = Path("/tmp")  # hard-coded in weed (not TMPDIR), so not ours to choose
 
 
 def find_weed() -> str:
@@ -97,7 +99,9 @@ class EmbeddedObjectStore:
         extra_identities: list[dict] | None = None,
     ):
         self._own_dir = data_dir is None
-        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="cifar10-kfp-s3-"))
+        # Absolute once, here: weed runs with cwd=data_dir, so a relative -dir would be resolved a
+        # second time inside it (local_outputs/object-store/local_outputs/object-store/data).
+        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="cifar10-kfp-s3-")).absolute()
         self.bucket = bucket
         self.access_key = access_key or "AK" + secrets.token_hex(8).upper()
         self.secret_key = secret_key or secrets.token_urlsafe(30)
@@ -197,6 +201,7 @@ class EmbeddedObjectStore:
         if self._log is not None:
             self._log.close()
             self._log = None
+        self._remove_sockets()
 
     def close(self) -> None:
         """Stop and remove the data directory if this object created it."""
@@ -224,10 +229,32 @@ class EmbeddedObjectStore:
             ]
         }
 
+    def _socket_paths(self) -> list[Path]:
+        """The Unix sockets weed makes for our ports in /tmp, a path it hard-codes for the gRPC ones
+        (``/tmp/seaweedfs-<service>-grpc-<port>.sock``) and defaults for the filer's and S3's HTTP ones."""
+        ports = set(self.ports.values())
+        found = []
+        for path in _WEED_SOCKET_DIR.glob("seaweedfs-*.sock"):
+            port = path.stem.rpartition("-")[2]
+            if port.isdigit() and int(port) in ports:
+                found.append(path)
+        return found
+
+    def _remove_sockets(self) -> None:
+        """weed is SIGKILLed (see stop), so it never removes its sockets itself: without this every
+        start would leave 8 of them in /tmp."""
+        for path in self._socket_paths():
+            with contextlib.suppress(OSError):
+                if stat.S_ISSOCK(path.lstat().st_mode):
+                    path.unlink()
+
     def _command(self, s3_config: Path) -> list[str]:
         p = self.ports
         return [
             find_weed(),
+            # glog writes to stderr only (which is weed.log): by default it also writes
+            # weed.<host>.<user>.log.* files and weed.{INFO,WARNING,ERROR} links into the temp dir.
+            "-logtostderr",
             "server",
             f"-dir={self.data_dir / 'data'}",
             "-ip=127.0.0.1",

@@ -7,6 +7,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+API_TIMEOUT_S = 15  # per request: a cluster that does not answer is reported, not waited on forever
 HELP = "check the Kubernetes cluster: KFP up, object-store secret and endpoint, GPU nodes, Kubeflow Trainer"
 
 
@@ -36,8 +37,9 @@ def _api_get(api_client, path: str):
 
     try:
         response = api_client.call_api(
-            path, "GET", auth_settings=["BearerToken"], response_type="object", _return_http_data_only=True
-        )
+            path, "GET", auth_settings=["BearerToken"], response_type="object", _return_http_data_only=True,
+            _request_timeout=API_TIMEOUT_S,
+        )  # fmt: skip
         return 200, response
     except ApiException as exc:
         return exc.status, None
@@ -226,16 +228,32 @@ def format_report(checks: list[Check]) -> str:
     return "\n".join(lines)
 
 
+K8S_UNREACHABLE_CHECK = (
+    "check your kubeconfig's current context (`kubectl config current-context`, `kubectl cluster-info`): "
+    "the cluster, or the tunnel or port-forward to it, must be up; or pass --kube-api URL"
+)
+
+
 def run(args: argparse.Namespace) -> int:
+    from urllib3.exceptions import HTTPError
+
     from cifar10_kfp.trainjob import load_kubernetes
+    from cifar10_kfp_pipelines.kfp_client import quiet_retries, unreachable_reason
 
     try:
         api_client = load_kubernetes(args.kube_api or "")
     except Exception as exc:  # noqa: BLE001 - no kubeconfig and not in a pod: say so plainly
-        print(
-            f"[FAIL] Kubernetes API: cannot load a configuration ({exc})\n       fix: set KUBECONFIG or pass --kube-api"
-        )
+        cause = exc.__cause__ or exc
+        print(f"[FAIL] Kubernetes API: no cluster is configured: no usable kubeconfig ({cause}) and not "
+              "running in a pod\n       fix: point KUBECONFIG (or ~/.kube/config) at your cluster's "
+              "kubeconfig, or pass --kube-api URL")  # fmt: skip
         return 1
-    checks = diagnose(api_client, args)
+    try:
+        with quiet_retries():
+            checks = diagnose(api_client, args)
+    except HTTPError as exc:  # the first request got no HTTP answer at all: nothing else can be checked
+        print(f"[FAIL] Kubernetes API: {api_client.configuration.host} {unreachable_reason(exc)}\n"
+              f"       fix: {K8S_UNREACHABLE_CHECK}")  # fmt: skip
+        return 1
     print(format_report(checks))
     return 0 if all(c.ok or not c.required for c in checks) else 1

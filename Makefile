@@ -16,7 +16,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE ?= $(REGISTRY)/cifar10-kfp:$(VERSION)
 PYTEST_ARGS ?=
 
-.PHONY: help install run test test-fast test-registry model-registry test-cluster cluster cluster-build compile lint bench bench-quick image clean
+.PHONY: help install run test test-fast test-registry model-registry test-cluster cluster cluster-build compile lint typecheck bench bench-quick image clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -65,6 +65,15 @@ compile: $(STAMP) ## compile the pipelines to pipelines/compiled/*.yaml
 lint: $(STAMP) ## ruff check and format check
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+# mypy finds packages by folder name; components/ and pipelines/ install as cifar10_kfp_components and
+# cifar10_kfp_pipelines (pyproject's package-dir), so links under build/ give mypy those names.
+MYPY_PATH := build/mypy-path
+typecheck: $(STAMP) ## mypy over cifar10_kfp/, components/ and pipelines/ (configured in pyproject.toml)
+	@mkdir -p $(MYPY_PATH)
+	@ln -sfn ../../components $(MYPY_PATH)/cifar10_kfp_components
+	@ln -sfn ../../pipelines $(MYPY_PATH)/cifar10_kfp_pipelines
+	MYPYPATH=$(MYPY_PATH) $(PY) -m mypy -p cifar10_kfp -p cifar10_kfp_components -p cifar10_kfp_pipelines
 
 bench: $(STAMP) ## run the CPU benchmarks (about 45 min) and write benchmarks/RESULTS.md
 	$(PY) -m benchmarks.run

@@ -114,7 +114,16 @@ def preprocess_dataset(
         store=store,
     )
     meta = info.metadata
-    keys = ("counts", "sizes", "class_names", "mean", "std", "image_size", "source_digest", "format_version")
+    keys: tuple[str, ...] = (
+        "counts",
+        "sizes",
+        "class_names",
+        "mean",
+        "std",
+        "image_size",
+        "source_digest",
+        "format_version",
+    )
     keys += ("preprocess_version",)
     dataset.metadata.update({key: meta[key] for key in keys})
     dataset.metadata.update(

@@ -24,7 +24,7 @@ def gate_model(
     bucket: str,
     storage_prefix: str,
     decision: Output[Artifact],
-) -> NamedTuple("GateOutputs", [("passed", bool), ("champion_accuracy", float)]):
+) -> NamedTuple("GateOutputs", [("passed", bool), ("champion_accuracy", float)]):  # type: ignore[valid-type]  # KFP's output idiom, evaluated in the pod
     """Decide whether the challenger may be published.
 
     Args:
@@ -60,7 +60,8 @@ def gate_model(
     record_gate_decision(store, record)  # the run summary tells "not published" from "failed" by it
     champion = -1.0 if result.champion_accuracy is None else result.champion_accuracy
     freeze_heap_before_exit()  # the process ends next: spare its exit a collection over torch's objects
-    return namedtuple("GateOutputs", ["passed", "champion_accuracy"])(result.passed, champion)
+    GateOutputs = namedtuple("GateOutputs", ["passed", "champion_accuracy"])
+    return GateOutputs(result.passed, champion)
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
@@ -78,7 +79,7 @@ def publish_model(
     image: str,
     card: Output[Markdown],
     inference_service: Output[Artifact],
-) -> NamedTuple("PublishOutputs", [("uri", str), ("version", str), ("registration", str)]):
+) -> NamedTuple("PublishOutputs", [("uri", str), ("version", str), ("registration", str)]):  # type: ignore[valid-type]  # KFP's output idiom, evaluated in the pod
     """Publish the model as a new version, register it in Kubeflow Model Registry if asked, and move ``latest``.
 
     Args:
@@ -150,6 +151,5 @@ def publish_model(
     )
     freeze_heap_before_exit()  # the process ends next: spare its exit a collection over torch's objects
     registration = json.dumps(result.registration, sort_keys=True) if result.registration else ""
-    return namedtuple("PublishOutputs", ["uri", "version", "registration"])(
-        result.uri, result.version, registration
-    )
+    PublishOutputs = namedtuple("PublishOutputs", ["uri", "version", "registration"])
+    return PublishOutputs(result.uri, result.version, registration)

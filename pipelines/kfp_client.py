@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,7 @@ class Login:
         host: str | None = None,
         token: str | None = None,
         cookies: str | None = None,
-        env: dict[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> Login:
         """Flags first, then environment variables, then the in-cluster service-account token."""
         env = os.environ if env is None else env

@@ -211,7 +211,7 @@ def run_local(
             error = _plain(str(exc))
         summary = _read_summary(run_root)
     summary = _with_local_failure(summary, error)
-    if not verbose:
+    if not verbose and task_console is not None:  # quiet_output's console (None only when verbose)
         _name_the_logs(summary, log_dir, task_console.task_logs)
     summary.update(
         pipeline=f"cifar10-{short}",

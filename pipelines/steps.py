@@ -37,7 +37,8 @@ def pipeline_from_params(pipeline: str, *, name: str, summary: str) -> Callable:
             return body(SimpleNamespace(**dict(zip(names, channels, strict=True))))
 
         pipeline_func.__name__ = pipeline_func.__qualname__ = body.__name__
-        pipeline_func.__signature__ = signature(pipeline)
+        # inspect.signature reads __signature__; typeshed's function type does not declare it.
+        pipeline_func.__signature__ = signature(pipeline)  # type: ignore[attr-defined]
         pipeline_func.__doc__ = docstring(pipeline, summary)
         return dsl.pipeline(name=name)(pipeline_func)
 

@@ -126,6 +126,8 @@ def _fetch(source: str, kind: str, workdir: Path, limits: DownloadLimits, store:
     """Fetch into ``workdir`` (or use a local file in place); returns ``(path, hasher, is_copy)``."""
     if kind == "local":
         path = parse_uri(source).path
+        if path is None:  # a local source always parses to a path
+            raise FileNotFoundError(f"dataset source {source!r}: no such file")
         if path.is_dir():
             folder = path if path.name else path.resolve()  # "." has no name of its own
             raise ValueError(

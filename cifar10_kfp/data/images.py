@@ -87,9 +87,9 @@ def _cgroup_cpu_limit() -> int | None:
     except (OSError, ValueError):
         pass
     try:
-        quota = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
-        period = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
-        return max(1, -(-quota // period)) if quota > 0 and period > 0 else None
+        quota_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
+        period_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+        return max(1, -(-quota_us // period_us)) if quota_us > 0 and period_us > 0 else None
     except (OSError, ValueError):
         return None
 
@@ -168,7 +168,9 @@ def _decode_all(names, blobs, size, workers, min_parallel, skip: bool):
         return _fill(out, map(_decode_chunk, tasks), meter)
 
 
-def _decode_in_pool(tasks: list, workers: int, out: np.ndarray, meter: ProgressMeter) -> np.ndarray:
+def _decode_in_pool(
+    tasks: list, workers: int, out: np.ndarray, meter: ProgressMeter
+) -> tuple[np.ndarray, list[tuple[int, str]]]:
     import multiprocessing
 
     # forkserver: no fork of a process that may hold threads (object-store clients, torch) or locks.

@@ -30,6 +30,7 @@ import numpy as np
 
 import cifar10_kfp.data.official as official
 from cifar10_kfp.data.archives import ArchiveLimits, iter_archive
+from cifar10_kfp.data.download import DownloadResult
 from cifar10_kfp.data.format import (
     FORMAT_VERSION,
     PreparedDataset,
@@ -246,7 +247,7 @@ def _localize(archive: str, tmp: Path, store: ObjectStore) -> Path:
         store.get_file(archive, local)  # verifies the sha256 recorded at upload
         return local
     path = parse_uri(archive).path
-    if not path.is_file():
+    if path is None or not path.is_file():
         raise FileNotFoundError(f"dataset archive not found: {path}")
     return path
 
@@ -345,7 +346,7 @@ def prepare_dataset(
 
 @dataclass
 class PrepareResult:
-    download: object  # DownloadResult
+    download: DownloadResult
     prepare: PrepareInfo
 
     def summary(self) -> dict:

@@ -21,6 +21,10 @@ import math
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only
+    import optuna
 
 SEARCH_TYPES = ("float", "int", "categorical")
 MAX_DIMENSIONS = 32
@@ -40,12 +44,14 @@ class Dimension:
     log: bool = False
     choices: tuple = ()
 
-    def suggest(self, trial) -> typing.Any:
+    def suggest(self, trial: optuna.Trial) -> typing.Any:
         """The value of this field for an Optuna ``trial``."""
-        if self.kind == "float":
-            return trial.suggest_float(self.name, self.low, self.high, log=self.log)
-        if self.kind == "int":
-            return trial.suggest_int(self.name, self.low, self.high, log=self.log)
+        if self.kind in ("float", "int"):
+            # parse_dimension set both ends, as float or int by kind: the conversions change no value
+            assert self.low is not None and self.high is not None
+            if self.kind == "float":
+                return trial.suggest_float(self.name, float(self.low), float(self.high), log=self.log)
+            return trial.suggest_int(self.name, int(self.low), int(self.high), log=self.log)
         return trial.suggest_categorical(self.name, list(self.choices))
 
     def corners(self) -> list:

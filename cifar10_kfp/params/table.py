@@ -20,10 +20,14 @@ import inspect
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cifar10_kfp.params.checks as rule
 from cifar10_kfp.data import CIFAR10_URL, MAX_VAL_FRACTION
+
+if TYPE_CHECKING:  # annotations only
+    from cifar10_kfp.storage import ObjectStore
+    from cifar10_kfp.train import TrainConfig
 
 MAX_GPUS_PER_NODE = 16  # the largest GPU node shapes in common clouds
 MAX_NODES = 64  # beyond this, the Trainer's rendezvous and our object-store checkpointing need tuning
@@ -289,7 +293,7 @@ def training_overrides(training: Mapping[str, Any]) -> dict[str, Any]:
     return overrides
 
 
-def train_config(training: Mapping[str, Any], searched: Mapping[str, Any] | None = None):
+def train_config(training: Mapping[str, Any], searched: Mapping[str, Any] | None = None) -> TrainConfig:
     """The ``TrainConfig`` a training-settings dict stands for: the one mapping every train path uses.
 
     ``searched`` (a tuning trial's values) overrides every other setting, knobs included.
@@ -299,7 +303,9 @@ def train_config(training: Mapping[str, Any], searched: Mapping[str, Any] | None
     return make_config(training["preset"], {**training_overrides(training), **(searched or {})})
 
 
-def checkpoint_prefix(checkpoint_uri: str, run_id: str, config, store=None) -> str:
+def checkpoint_prefix(
+    checkpoint_uri: str, run_id: str, config: TrainConfig, store: ObjectStore | None = None
+) -> str:
     """Where a training run checkpoints: ``<checkpoint_uri>/<config hash>``, or one derived from the run id.
 
     The config hash is always part of it, so sweep trials (or runs with another configuration)

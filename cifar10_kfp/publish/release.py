@@ -24,6 +24,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cifar10_kfp.publish import registration as mr_registration
 from cifar10_kfp.publish.bundle import inference_service_manifest, manifest_yaml, serving_name, stage_bundle
@@ -39,6 +40,11 @@ from cifar10_kfp.publish.registry import (
     move_latest,
     validate_model_name,
 )
+
+if TYPE_CHECKING:  # annotations only
+    import torch
+
+    from cifar10_kfp.storage import ObjectStore
 
 log = logging.getLogger(__name__)
 REGISTRY_MANIFEST_FILE = (
@@ -138,13 +144,13 @@ def evaluate_champion(model_name: str, data_path_or_uri, *, store=None, root: st
 
 def run_gate(
     challenger_accuracy: float,
-    data_path_or_uri,
+    data_path_or_uri: str | os.PathLike,
     *,
     min_accuracy: float,
     model_name: str,
-    store=None,
+    store: ObjectStore | None = None,
     root: str | None = None,
-    device=None,
+    device: torch.device | str | None = None,
 ) -> GateDecision:
     """Evaluate the published champion on the same test data and decide (see ``gate_decision``).
 
@@ -228,7 +234,7 @@ def publish_model(
     dataset_digest: str,
     params: dict | None = None,
     run_id: str = "",
-    store=None,
+    store: ObjectStore | None = None,
     root: str | None = None,
     now: datetime | None = None,
     service_account: str | None = None,

@@ -19,6 +19,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -26,13 +27,17 @@ from torch import nn
 
 from cifar10_kfp.publish.registry import resolve_published
 from cifar10_kfp.train.inference import Normalize, predict
+from cifar10_kfp.train.models import ModelInfo
+
+if TYPE_CHECKING:  # annotations only
+    from cifar10_kfp.storage import ObjectStore
 
 
 @dataclass
 class Preprocess:
     """Turns images into the model's normalized float input. ``info`` is the model's ``ModelInfo``."""
 
-    info: object
+    info: ModelInfo
 
     @property
     def class_names(self) -> list[str]:
@@ -43,8 +48,8 @@ class Preprocess:
         from PIL import Image, UnidentifiedImageError
 
         try:
-            with Image.open(path) as img:
-                img = img.convert("RGB")
+            with Image.open(path) as opened:
+                img = opened.convert("RGB")
                 size = self.info.image_size
                 if img.size != (size, size):
                     img = img.resize((size, size), Image.Resampling.BILINEAR)
@@ -68,7 +73,7 @@ class Preprocess:
 def load_published(
     uri_or_model_name: str,
     *,
-    store=None,
+    store: ObjectStore | None = None,
     device: str | torch.device = "cpu",
     model_registry_url: str | None = None,
 ) -> tuple[nn.Module, Preprocess]:

@@ -31,7 +31,9 @@ recorded; ``COMPLETE``/``SUCCEEDED`` vouch for success when the records cannot b
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from cifar10_kfp.runs.records import FAILURES, GATE, OUTPUTS, PUBLISHED, SUMMARY, RunRecords
 from cifar10_kfp.storage import ObjectStore, StorageError
@@ -50,7 +52,7 @@ class ReportedStatus:
     error: str = ""
 
     @classmethod
-    def of(cls, final_status) -> ReportedStatus:
+    def of(cls, final_status: object) -> ReportedStatus:
         """From a ``dsl.PipelineTaskFinalStatus`` (or anything with its attributes)."""
         return cls(
             state=str(getattr(final_status, "state", "") or "").upper(),
@@ -116,10 +118,10 @@ def _failed(reported: ReportedStatus, failures: list[dict], basis: str) -> Verdi
 
 
 def build_summary(
-    records: RunRecords, reported: ReportedStatus, *, pipeline: str, checkpoint_uri: str = ""
+    records: RunRecords | _Unreadable, reported: ReportedStatus, *, pipeline: str, checkpoint_uri: str = ""
 ) -> dict:
     """The summary of ``records``' run; storage problems are listed in ``problems``, never raised."""
-    summary = {"pipeline": pipeline, "run_id": records.run_id, "state": reported.state, "parameters": {},
+    summary: dict[str, Any] = {"pipeline": pipeline, "run_id": records.run_id, "state": reported.state, "parameters": {},
                "metrics": {}, "gate": None, "published": None, "artifacts": {}, "failures": [], "problems": []}  # fmt: skip
     outputs = gate = published = None
     failures: list[dict] = []
@@ -137,7 +139,8 @@ def build_summary(
     verdict = decide_status(reported, outputs, gate, published, failures, readable)
     summary.update(status=verdict.status, failed_task=verdict.failed_task, error=verdict.error,
                    status_basis=verdict.basis)  # fmt: skip
-    if readable and not summary["artifacts"].get("checkpoints"):
+    # (_Unreadable records are never readable: the isinstance only tells the type checker so)
+    if readable and isinstance(records, RunRecords) and not summary["artifacts"].get("checkpoints"):
         summary["artifacts"]["checkpoints"] = _leftover_checkpoints(
             records, checkpoint_uri, summary["problems"]
         )
@@ -157,7 +160,12 @@ def _leftover_checkpoints(records: RunRecords, checkpoint_uri: str, problems: li
 
 
 def write_summary(
-    open_store, run_id: str, reported: ReportedStatus, *, pipeline: str, checkpoint_uri: str = ""
+    open_store: Callable[[], ObjectStore],
+    run_id: str,
+    reported: ReportedStatus,
+    *,
+    pipeline: str,
+    checkpoint_uri: str = "",
 ) -> dict:
     """Build the summary and store it as ``summary.json``; ``open_store()`` gives the run's store.
 

@@ -26,6 +26,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import IO
 
 from cifar10_kfp.storage.config import DEFAULT_BUCKET, StorageConfig
 from cifar10_kfp.storage.names import StorageError
@@ -112,7 +113,7 @@ class EmbeddedObjectStore:
         self.extra_identities = list(extra_identities or [])
         self.ports: dict[str, int] = {}
         self._proc: subprocess.Popen | None = None
-        self._log = None
+        self._log: IO[bytes] | None = None
 
     # -- public -----------------------------------------------------------------------
 
@@ -142,11 +143,11 @@ class EmbeddedObjectStore:
             "CIFAR10_KFP_BUCKET": self.bucket,
         }
 
-    def config(self, **overrides) -> StorageConfig:
+    def config(self, **overrides: object) -> StorageConfig:
         env = {**self.env(), **{k: str(v) for k, v in overrides.items()}}
         return StorageConfig.from_env(env)
 
-    def store(self, **overrides) -> ObjectStore:
+    def store(self, **overrides: object) -> ObjectStore:
         return ObjectStore(self.config(**overrides))
 
     def start(self) -> EmbeddedObjectStore:
@@ -289,6 +290,7 @@ class EmbeddedObjectStore:
         store = ObjectStore(self.config(CIFAR10_KFP_RETRY_BUDGET_S=0))
         deadline = time.monotonic() + self.start_timeout_s
         last: Exception | None = None
+        assert self._proc is not None  # started just before this wait
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 raise StorageError(

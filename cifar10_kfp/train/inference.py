@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
@@ -26,7 +28,16 @@ class Normalize(nn.Module):
     it runs) and held as buffers, so ``.to()`` and TorchScript carry them.
     """
 
-    def __init__(self, mean, std, device: torch.device | str | None = None, channels_last: bool = False):
+    scale: torch.Tensor  # buffers, declared so that they type as tensors rather than Tensor | Module
+    shift: torch.Tensor
+
+    def __init__(
+        self,
+        mean: Sequence[float],
+        std: Sequence[float],
+        device: torch.device | str | None = None,
+        channels_last: bool = False,
+    ):
         super().__init__()
         # A channel constant over the training images has std 0 (a tiny or synthetic dataset): 1/0
         # would turn every input into inf/NaN. One grey level as the floor maps it to 0 instead, and

@@ -30,11 +30,15 @@ import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cifar10_kfp.params import table as params
 from cifar10_kfp.params.space import Dimension, parse_search_space
 from cifar10_kfp.tune.report import TuneResult
+
+if TYPE_CHECKING:  # annotations only
+    from cifar10_kfp.storage import ObjectStore
+    from cifar10_kfp.train import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +64,7 @@ def training_with(training: Mapping[str, Any], searched: Mapping[str, Any]) -> d
     return out
 
 
-def trial_config(values: Mapping[str, Any], searched: Mapping[str, Any]):
+def trial_config(values: Mapping[str, Any], searched: Mapping[str, Any]) -> TrainConfig:
     """The ``TrainConfig`` of one trial: the pipeline's settings, the searched values, ``trial_epochs``."""
     extra = {"progress": False}
     if values["trial_epochs"]:
@@ -68,7 +72,7 @@ def trial_config(values: Mapping[str, Any], searched: Mapping[str, Any]):
     return params.train_config(params.training_settings(values), {**searched, **extra})
 
 
-def default_study_uri(checkpoint_uri: str, run_id: str, store=None) -> str:
+def default_study_uri(checkpoint_uri: str, run_id: str, store: ObjectStore | None = None) -> str:
     """``<checkpoint_uri>/tune``, else ``<store root>/tune/<run_id>``: a retried task finds its study."""
     if checkpoint_uri:
         return f"{checkpoint_uri.rstrip('/')}/tune"
@@ -230,7 +234,7 @@ def _device_slots(data: str, device, concurrent: int | None) -> queue.Queue:
 
 
 def run_study(values: Mapping[str, Any], data: str, output_dir: str | os.PathLike, *, study_uri: str,
-              store=None, concurrent: int | None = None) -> TuneResult:  # fmt: skip
+              store: ObjectStore | None = None, concurrent: int | None = None) -> TuneResult:  # fmt: skip
     """Run (or resume) the study on the prepared dataset ``data``; write its outputs to ``output_dir``.
 
     ``concurrent``: how many trials run at once (default: one per visible GPU when the study runs

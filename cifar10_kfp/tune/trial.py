@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from cifar10_kfp.train.augment import DeviceData, TrainBatches
 from cifar10_kfp.train.config import TrainConfig
@@ -20,12 +21,15 @@ from cifar10_kfp.train.inference import Normalize
 from cifar10_kfp.train.outputs import RunClock
 from cifar10_kfp.train.state import RunCheckpoints, build_training_state, model_identity, wrap_for_training
 
+if TYPE_CHECKING:  # annotation only
+    from cifar10_kfp.data.format import PreparedDataset
+
 
 @dataclass
 class StudyData:
     """The prepared dataset, its training and validation splits on the device, loaded once per study."""
 
-    dataset: object  # cifar10_kfp.data.format.PreparedDataset
+    dataset: PreparedDataset
     train: DeviceData
     eval: DeviceData
     eval_split: str
@@ -41,7 +45,8 @@ class StudyData:
         """``dataset`` (read from ``data``) with its training and scoring splits copied to ``device``."""
         eval_split = "val" if len(dataset.val_labels) else "test"
         train = DeviceData.from_numpy(dataset.train_images, dataset.train_labels, device)
-        evaluation = DeviceData.from_numpy(*dataset.split(eval_split), device)
+        eval_images, eval_labels = dataset.split(eval_split)
+        evaluation = DeviceData.from_numpy(eval_images, eval_labels, device)
         if len(evaluation) == 0:
             raise ValueError(
                 f"the {eval_split!r} split of {data} is empty: trials have nothing to be scored on"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 API_TIMEOUT_S = 15  # per request: a cluster that does not answer is reported, not waited on forever
@@ -101,7 +102,7 @@ def _holds_well_known_pair(data: dict) -> bool:
     return pair == WELL_KNOWN_DEV_CREDENTIALS
 
 
-def check_storage_access(env: dict[str, str] | None = None) -> list[Check]:
+def check_storage_access(env: Mapping[str, str] | None = None) -> list[Check]:
     """Put, get, list and delete a small object under the real prefix, with this shell's MINIO_* settings."""
     from cifar10_kfp.storage import ObjectStore, StorageConfig, StorageError, probe_access
 
@@ -187,7 +188,7 @@ def check_trainer(api_client, num_nodes: int) -> Check:
     if status != 200:
         return Check("Kubeflow Trainer", False, f"CRD {PLURAL}.{GROUP} not found (HTTP {status})",
                      "install Kubeflow Trainer >= 2.2 (see docs/multi-node.md), or use num_nodes=1")  # fmt: skip
-    found = trainer_version_from_crd(crd)
+    found = trainer_version_from_crd(crd or {})
     if found != ">=2.2":
         return Check("Kubeflow Trainer", False, too_old_message(found),
                      "upgrade Kubeflow Trainer to 2.2 or later (docs/multi-node.md)")  # fmt: skip

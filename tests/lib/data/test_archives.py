@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tarfile
+from pathlib import Path
 
 import pytest
 
@@ -50,9 +51,31 @@ EXPECTED = {
 }
 
 
+def _files_outside(root, keep, dest):
+    """Files under ``root`` other than ``keep`` and those below ``dest``: where an escape would land."""
+    return sorted(p for p in root.rglob("*") if not p.is_dir() and p != keep and dest not in p.parents)
+
+
 @pytest.mark.parametrize("case", sorted(MALICIOUS_BUILDERS))
 def test_malicious_archive_is_rejected_naming_the_member(case, tmp_path):
     path, bad_member = MALICIOUS_BUILDERS[case](tmp_path / f"{case}.tar.gz")
+    absolute = Path(bad_member) if bad_member and bad_member.startswith("/") else None
+    if absolute is not None:
+        absolute.unlink(missing_ok=True)  # this suite's own file name: left over from an earlier failure
+    # Extraction refuses, and writes nothing: not below dest, and not where a traversal would land
+    # (dest/data/../../evil.txt is tmp_path/evil.txt; an absolute member lands at its own path).
+    dest = tmp_path / "extract"
+    with pytest.raises(ArchiveError) as refused:
+        try:
+            extract_archive(path, dest, limits=BOMB_LIMITS)
+        finally:
+            escaped = _files_outside(tmp_path, path, dest) + (
+                [absolute] if absolute and absolute.exists() else []
+            )
+            assert not escaped, f"extracting {case} wrote outside {dest}: {escaped}"
+    assert EXPECTED[case] in str(refused.value)
+    assert not dest.exists() or not any(dest.rglob("*"))
+    # Verification names the archive, the member and the reason.
     with pytest.raises(ArchiveError) as err:
         verify_archive(path, limits=BOMB_LIMITS)
     message = str(err.value)
@@ -60,12 +83,6 @@ def test_malicious_archive_is_rejected_naming_the_member(case, tmp_path):
     assert str(path) in message
     if bad_member:
         assert repr(bad_member) in message
-    # Extraction refuses too, and leaves nothing behind.
-    dest = tmp_path / "extract"
-    with pytest.raises(ArchiveError):
-        extract_archive(path, dest, limits=BOMB_LIMITS)
-    assert not dest.exists() or not any(dest.rglob("*"))
-    assert not (tmp_path.parent / "evil.txt").exists()
 
 
 def test_every_builder_is_a_valid_dataset_except_for_its_bad_member(tmp_path):

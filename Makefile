@@ -16,11 +16,14 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE ?= $(REGISTRY)/cifar10-kfp:$(VERSION)
 PYTEST_ARGS ?=
 
-.PHONY: help install run test test-fast test-registry model-registry test-cluster cluster cluster-build compile lint typecheck bench bench-quick image clean
+.PHONY: help install tools run test test-fast test-registry model-registry test-cluster cluster cluster-build compile lint typecheck bench bench-quick image clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
+# An existing .venv is reused: the install runs only when the stamp is missing or pyproject.toml is
+# newer, and then pip keeps every installed requirement that still fits (torch is not fetched again);
+# only this package and new or changed requirements are installed. pip's cache (~/.cache/pip) is used.
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
@@ -38,10 +41,13 @@ run: $(STAMP) ## run the whole training pipeline locally (kfp.local) on the embe
 # mariadb-server and the registry built once from its Go module) run in targets of their own; .ci/run calls both.
 REGISTRY_TESTS := tests/model_registry
 
-test: $(STAMP) ## run the whole test suite (tests/cluster and tests/model_registry run in their own targets)
+tools: $(STAMP) ## build the Go tools the tests use (kustomize) from their modules, once; cached in ~/.cache/cifar10-kfp
+	$(PY) -m tests.support.cluster.gobuild kustomize
+
+test: $(STAMP) tools ## run the whole test suite (tests/cluster and tests/model_registry run in their own targets)
 	$(PY) -m pytest --ignore=tests/cluster --ignore=$(REGISTRY_TESTS) $(PYTEST_ARGS)
 
-test-fast: $(STAMP) ## run the tests not marked slow
+test-fast: $(STAMP) tools ## run the tests not marked slow
 	$(PY) -m pytest --ignore=tests/cluster --ignore=$(REGISTRY_TESTS) -m "not slow and not reliability" $(PYTEST_ARGS)
 
 cluster-build: $(STAMP) ## build the real control plane's Go binaries (once per version, cached in ~/.cache/cifar10-kfp)

@@ -96,12 +96,13 @@ def registry_url(url: str | None = None) -> str:
             f"no model registry URL: pass one or set {URL_ENV} (e.g. http://model-registry:8080)"
         )
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path.strip("/") or parts.query:
-        raise ValueError(f"invalid model registry URL {url!r}: use http(s)://host[:port], no path")
+    # Credentials first: the next error quotes the URL, and a password must never reach a message.
     if parts.username or parts.password:
         raise ValueError(
             "the model registry URL must not carry credentials: set MODEL_REGISTRY_TOKEN instead"
         )
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path.strip("/") or parts.query:
+        raise ValueError(f"invalid model registry URL {url!r}: use http(s)://host[:port], no path")
     return url.rstrip("/")
 
 

@@ -124,6 +124,20 @@ INVALID = {
         ),
         not_a_string,
     ),
+    "model_registry_url": st.one_of(
+        st.sampled_from(
+            [
+                "ftp://registry:8080",
+                "http://",
+                "registry:8080",
+                "http://h:8080/api",
+                "http://h?x=1",
+                "http://user:pw@registry:8080",
+                "not a url",
+            ]
+        ),
+        not_a_string,
+    ),
     "bucket": st.one_of(bad_bucket, not_a_string),
     "storage_prefix": st.one_of(bad_prefix, not_a_string),  # a leading "/" is stripped, not refused
     # with num_nodes at its default 1, min_nodes above 1 is out of range too ("1..num_nodes")
@@ -173,6 +187,9 @@ VALID = {
     "checkpoint_uri": st.one_of(st.just(""), safe_key.map(lambda k: f"s3://mlpipeline/{k}")),
     "min_accuracy": st.floats(0.0, 1.0),
     "model_name": st.from_regex(r"\A[a-z0-9]([a-z0-9._-]{0,20}[a-z0-9])?\Z"),
+    "model_registry_url": st.sampled_from(
+        ["", "http://127.0.0.1:8080", "https://model-registry-service.kubeflow:8443", "http://mr/"]
+    ),
     "bucket": st.one_of(st.just(""), st.sampled_from(["mlpipeline", "my-bucket", "team.models"])),
     "storage_prefix": st.one_of(st.just(""), safe_key.map(lambda k: k + "/")),
     "min_nodes": st.integers(0, 1),

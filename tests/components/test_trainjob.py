@@ -103,7 +103,8 @@ def test_train_on_trainer_component_trains_on_two_nodes(store_env, tmp_path, mon
             model=dsl.Model(uri=str(out / "model")), metrics=dsl.Metrics(uri=str(out / "metrics")),
             history=dsl.Artifact(uri=str(out / "history")),
         )  # fmt: skip
-    [create] = k8s.requests_to("POST", TRAINJOBS.format(ns="kubeflow"))
+    [dry_run, create] = k8s.requests_to("POST", TRAINJOBS.format(ns="kubeflow"))
+    assert dry_run.query.get("dryRun") == "All" and "dryRun" not in create.query
     assert create.body["spec"]["trainer"]["numNodes"] == 2
     assert create.body["spec"]["trainer"]["image"] == "registry.example/cifar10-kfp:test"
     assert create.body["metadata"]["ownerReferences"][0]["uid"] == "uid-launcher"
@@ -114,6 +115,13 @@ def test_train_on_trainer_component_trains_on_two_nodes(store_env, tmp_path, mon
     history = json.loads((out / "history").read_text())
     assert len(history) == 1 and history[0]["epoch"] == 1 and history[0]["world_size"] == 2
     assert store_env.list(store_env.root_uri("checkpoints", "run-42")), "no checkpoint written"
+    # rank 0's node wrote the completion marker after its outputs (the launcher's sign of success)
+    [marker] = [u for u in store_env.list(store_env.root_uri("trainjobs")) if u.endswith("/done.json")]
+    assert json.loads(store_env.get_bytes(marker)) | {"finished_at": 0} == {
+        "complete": True,
+        "world_size": 2,
+        "finished_at": 0,
+    }
 
 
 def yaml_config(server: str) -> str:

@@ -44,7 +44,7 @@ def test_missing_trainer_or_rbac_gives_an_actionable_error():
             check_trainer_version(load_kubernetes(k8s.url), build_trainjob(request()))
     with K8sFakeServer(forbidden=("/apis/trainer.kubeflow.org",)) as k8s:
         with pytest.raises(
-            TrainJobFailed, match="create/get/list/watch/delete on trainjobs.* list on events"
+            TrainJobFailed, match="create/get/list/watch/patch/delete on trainjobs.* list on events"
         ):
             submit_trainjob(load_kubernetes(k8s.url), build_trainjob(request()))
 

@@ -68,7 +68,8 @@ def test_the_launcher_timeout_deletes_the_job_and_fails_naming_the_reason(tmp_pa
         with pytest.raises(TrainJobTimedOut) as failure:
             run_trainjob(request(active_deadline_s=600), tmp_path, api_client=load_kubernetes(k8s.url),
                          timeout_s=1.5, events_every_s=0.3)  # fmt: skip
-        [create] = k8s.requests_to("POST", TRAINJOBS.format(ns=NS))
+        [dry_run, create] = k8s.requests_to("POST", TRAINJOBS.format(ns=NS))
+    assert dry_run.query.get("dryRun") == "All" and "dryRun" not in create.query
     message = str(failure.value)
     assert (
         "did not finish within 1.5s" in message and "deleted it" in message and "launcher timeout" in message
@@ -90,7 +91,7 @@ def test_sigterm_deletes_the_job_and_fails_the_step(tmp_path):
                 run_trainjob(request(), tmp_path, api_client=load_kubernetes(k8s.url), timeout_s=60)
         finally:
             timer.cancel()
-        assert len(k8s.requests_to("POST", TRAINJOBS.format(ns=NS))) == 1
+        assert len(k8s.requests_to("POST", TRAINJOBS.format(ns=NS))) == 2  # the strict dry run, then the job
         assert len(k8s.requests_to("DELETE", TRAINJOBS.format(ns=NS))) == 1 and not k8s.trainjobs
     assert signal.getsignal(signal.SIGTERM) is before  # the handler lives only while the job does
 

@@ -336,20 +336,37 @@ def job_state(obj: dict) -> JobState:
 def trainer_version_from_crd(crd: dict) -> str:
     """The Trainer release family a TrainJob CRD belongs to, read from its schema's spec fields.
 
-    From kubeflow/trainer manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml: 2.0 has
-    ``podSpecOverrides``, 2.1 ``podTemplateOverrides``, 2.2 and later ``runtimePatches`` (and
-    ``activeDeadlineSeconds``).
+    From kubeflow/trainer manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml at the tags: 2.0 has
+    ``podSpecOverrides``, 2.1 ``podTemplateOverrides``, 2.2 ``runtimePatches`` (and ``activeDeadlineSeconds``),
+    and 2.3 added ``terminationGracePeriodSeconds`` to the patchable pod spec. Returns "2.0", "2.1", "2.2",
+    ">=2.3" or "unknown" ("2.2" when the schema is pruned below ``runtimePatches``: 2.2 at least).
     """
     versions = {v.get("name"): v for v in (crd.get("spec") or {}).get("versions") or []}
     schema = ((versions.get(VERSION) or {}).get("schema") or {}).get("openAPIV3Schema") or {}
-    fields = set(((schema.get("properties") or {}).get("spec") or {}).get("properties") or {})
+    spec = (schema.get("properties") or {}).get("spec") or {}
+    fields = set(spec.get("properties") or {})
     if "runtimePatches" in fields:
-        return ">=2.2"
+        pod_spec = _schema_at(
+            spec, "runtimePatches", "[]", "trainingRuntimeSpec", "template", "spec", "replicatedJobs", "[]",
+            "template", "spec", "template", "spec",
+        )  # fmt: skip
+        return ">=2.3" if "terminationGracePeriodSeconds" in (pod_spec.get("properties") or {}) else "2.2"
     if "podTemplateOverrides" in fields:
         return "2.1"
     if "podSpecOverrides" in fields:
         return "2.0"
     return "unknown"
+
+
+def _schema_at(node: dict, *path: str) -> dict:
+    for step in path:
+        node = (node.get("items") if step == "[]" else (node.get("properties") or {}).get(step)) or {}
+    return node
+
+
+def new_enough(found: str) -> bool:
+    """Whether a ``trainer_version_from_crd`` answer is a Trainer this project runs on (>= 2.2)."""
+    return found in ("2.2", ">=2.3")
 
 
 def too_old_message(found: str) -> str:

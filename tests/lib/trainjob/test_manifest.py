@@ -183,7 +183,7 @@ def test_job_state_reads_conditions():
 
 
 def test_the_trainer_release_is_read_from_the_crd_schema():
-    assert trainer_version_from_crd(trainjob_crd("2.2")) == ">=2.2"
+    assert trainer_version_from_crd(trainjob_crd("2.2")) == "2.2"
     assert trainer_version_from_crd(trainjob_crd("2.1")) == "2.1"
     assert trainer_version_from_crd(trainjob_crd("2.0")) == "2.0"
     assert trainer_version_from_crd({}) == "unknown"

@@ -11,6 +11,7 @@ import os
 import time
 
 from cifar10_kfp.trainjob.manifest import (
+    ELASTIC_RUNTIME,
     GROUP,
     PLURAL,
     VERSION,
@@ -167,7 +168,10 @@ def _create_error(exc, ns: str, name: str) -> TrainJobFailed:
     if "admission webhook" in message and "denied the request" in message:
         # kube-apiserver reports a validating webhook's refusal as HTTP 403 with the webhook's own message
         # (controller-runtime's admission.Denied for a validator's plain error): not a matter of RBAC.
-        return TrainJobFailed(f"the cluster refused TrainJob {ns}/{name}: {message}")
+        hint = ""
+        if ELASTIC_RUNTIME in message and "must be created before" in message:
+            hint = " (elastic runs need the project's runtime: kubectl apply --server-side -k deploy/trainer-runtime)"
+        return TrainJobFailed(f"the cluster refused TrainJob {ns}/{name}: {message}{hint}")
     if exc.status == 403:
         return TrainJobFailed(
             f"not allowed to create TrainJobs in namespace {ns!r}: grant the pipeline's service account "

@@ -173,3 +173,18 @@ def test_a_retried_launcher_reattaches_and_takes_over_the_owner_reference(contro
     cp.kubectl_ok("delete", "pod", "attempt-2", "-n", namespace, "--wait=false")
     wait_until("the TrainJob collected with its owner",
                lambda: _gone(cp, "trainjob", request.name, "-n", namespace), timeout_s=90)  # fmt: skip
+
+
+def test_an_unschedulable_job_times_out_with_the_schedulers_reason_and_is_deleted(control_plane, trainer_stack,
+                                                                                  namespace, store_env, tmp_path):  # fmt: skip
+    """No node has 8 GPUs: the real scheduler's FailedScheduling event is in the launcher's timeout error, and
+    the launcher deletes the job (the TrainJob's own activeDeadlineSeconds is only the backstop)."""
+    cp = control_plane
+    request = full_request(namespace, 2, tag="nogpu", service_account="", gpus_per_node=8)
+    with pytest.raises(TrainJobFailed) as timed_out:
+        run_trainjob(request, tmp_path / "c", api_client=client_for(cp), store=store_env, timeout_s=20,
+                     events_every_s=2)  # fmt: skip
+    message = str(timed_out.value)
+    assert "did not finish within 20s" in message and "deleted it" in message
+    assert "FailedScheduling" in message and "Insufficient nvidia.com/gpu" in message
+    assert _gone(cp, "trainjob", request.name, "-n", namespace)

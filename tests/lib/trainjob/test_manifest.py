@@ -18,7 +18,7 @@ from cifar10_kfp.trainjob import (
     longest_pod_name,
     trainer_version_from_crd,
 )
-from tests.support.k8s_fake_server import condition, trainjob_crd
+from tests.lib.trainjob.crds import condition, trainjob_crd
 
 NS = "team-a"
 CONFIG = make_config("fast", {"epochs": 3}).to_dict()

@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from cifar10_kfp.config import make_config
 from cifar10_kfp.trainjob import TrainJobRequest, job_name
 from tests.support.paths import ROOT
@@ -158,3 +160,23 @@ def runtime_with_backoff_limit(cp, name: str, *, backoff_limit: int) -> str:
     body["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["backoffLimit"] = backoff_limit
     cp.kubectl_ok("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(body))
     return name
+
+
+def delete_and_wait(cp, namespace: str, name: str, timeout_s: float = 90) -> None:
+    """Delete a TrainJob and wait until its pods are gone, so the GPUs they held are free for the next test."""
+    cp.kubectl(
+        "delete", "trainjob", name, "-n", namespace, "--ignore-not-found", "--wait=true", timeout=timeout_s
+    )
+    wait_until(f"the pods of {namespace}/{name} gone", lambda: not pods_of(cp, namespace, name), timeout_s)
+
+
+@pytest.fixture(autouse=True)
+def trainjobs_cleaned(request):
+    """After a test that has a namespace: its TrainJobs deleted and their pods gone (GPUs free for the next)."""
+    yield
+    if "namespace" not in request.fixturenames:
+        return
+    cp, namespace = request.getfixturevalue("control_plane"), request.getfixturevalue("namespace")
+    cp.kubectl("delete", "trainjobs", "--all", "-n", namespace, "--wait=true", timeout=120)
+    wait_until(f"the pods of {namespace} gone", lambda: not kubectl_json(cp, "get", "pods", "-n", namespace,
+               "-l", JOBSET_LABEL)["items"], 90)  # fmt: skip

@@ -9,7 +9,12 @@ import json
 import pytest
 
 from cifar10_kfp_pipelines.cli import main
-from tests.cluster.helpers import apply_rbac, install_elastic_runtime, kubectl_json
+from tests.cluster.helpers import (
+    apply_rbac,
+    install_elastic_runtime,
+    kubectl_json,
+    trainjobs_cleaned,  # noqa: F401 - autouse: frees the GPUs after each test
+)
 
 
 @pytest.fixture

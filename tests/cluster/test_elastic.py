@@ -30,6 +30,7 @@ from tests.cluster.helpers import (
     pods_of,
     running_pods,
     trainjob,
+    trainjobs_cleaned,  # noqa: F401 - autouse: frees the GPUs after each test
     wait_until,
 )
 from tests.cluster.test_launcher_life import _gone, _Launcher, _outputs_of_rank_0

@@ -8,7 +8,12 @@ from __future__ import annotations
 import pytest
 
 from cifar10_kfp.trainjob import ELASTIC_RUNTIME, TrainJobFailed, build_trainjob, run_trainjob
-from tests.cluster.helpers import client_for, full_request, service_account_kubeconfig
+from tests.cluster.helpers import (
+    client_for,
+    full_request,
+    service_account_kubeconfig,
+    trainjobs_cleaned,  # noqa: F401 - autouse: frees the GPUs after each test
+)
 
 
 def _recording(api_client) -> list[tuple[str, str, dict]]:

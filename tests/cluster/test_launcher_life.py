@@ -32,6 +32,7 @@ from tests.cluster.helpers import (
     runtime_with_backoff_limit,
     service_account_kubeconfig,
     trainjob,
+    trainjobs_cleaned,  # noqa: F401 - autouse: frees the GPUs after each test
     wait_until,
 )
 

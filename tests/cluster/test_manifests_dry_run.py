@@ -9,7 +9,10 @@ import json
 import pytest
 import yaml
 
-from tests.cluster.helpers import DEPLOY
+from tests.cluster.helpers import (
+    DEPLOY,
+    trainjobs_cleaned,  # noqa: F401 - autouse: frees the GPUs after each test
+)
 
 BASES = ("rbac", "serving", "train-job", "trainer-runtime", "overlays/profile", "overlays/profile-train-job")
 PLACEHOLDERS = ("object-store-secret.example.yaml", "serving/s3-secret.example.yaml")

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.cluster.helpers import DEPLOY
+from tests.cluster.helpers import (
+    DEPLOY,
+    trainjobs_cleaned,  # noqa: F401 - autouse: frees the GPUs after each test
+)
 
 GRANTED = [
     ("trainjobs.trainer.kubeflow.org", v) for v in ("create", "get", "list", "watch", "patch", "delete")
@@ -16,7 +19,7 @@ GRANTED = [
 GRANTED += [("events", "list")]
 DENIED = [
     ("trainjobs.trainer.kubeflow.org", "update"), ("trainjobs.trainer.kubeflow.org", "deletecollection"),
-    ("trainjobs.trainer.kubeflow.org/status", "update"), ("jobsets.jobset.x-k8s.io", "create"),
+("jobsets.jobset.x-k8s.io", "create"),
     ("clustertrainingruntimes.trainer.kubeflow.org", "create"), ("pods", "create"), ("pods", "list"),
     ("secrets", "get"), ("events", "create"), ("roles.rbac.authorization.k8s.io", "create"),
     ("customresourcedefinitions.apiextensions.k8s.io", "get"),

@@ -22,6 +22,7 @@ from tests.cluster.helpers import (
     JOBSET_LABEL,
     PULL_SECRETS,
     client_for,
+    delete_and_wait,
     full_request,
     kubectl_json,
     label_restricted,
@@ -30,6 +31,7 @@ from tests.cluster.helpers import (
     node_index,
     pods_of,
     trainjob,
+    trainjobs_cleaned,  # noqa: F401 - autouse: frees the GPUs after each test
     wait_until,
 )
 
@@ -73,6 +75,7 @@ def test_a_trainjob_with_every_option_becomes_a_jobset_one_job_and_n_pods(
     assert sorted(node_index(p) for p in pods) == list(range(num_nodes))
     for pod in pods:
         _assert_node_pod(pod, request, manifest, account)
+    delete_and_wait(cp, namespace, name)  # its pods hold every GPU of the control plane
 
 
 def _assert_node_pod(pod: dict, request, manifest: dict, account: str) -> None:

@@ -15,7 +15,12 @@ import threading
 
 import pytest
 
-from tests.cluster.helpers import launcher_pod, running_pods, wait_until
+from tests.cluster.helpers import (
+    launcher_pod,
+    running_pods,
+    trainjobs_cleaned,  # noqa: F401 - autouse: frees the GPUs after each test
+    wait_until,
+)
 from tests.support.torchrun_agents import free_port
 
 

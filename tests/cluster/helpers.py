@@ -142,12 +142,9 @@ def apply_rbac(cp, namespace: str, base: str = "rbac") -> list[dict]:
 
 
 def service_account_kubeconfig(cp, namespace: str, name: str) -> Path:
-    """The identity of ServiceAccount ``namespace/name`` (creating the account), as its pods would have."""
-    cp.kubectl("create", "serviceaccount", name, "-n", namespace)
-    return cp.kubeconfig_for(
-        f"system:serviceaccount:{namespace}:{name}",
-        ["system:serviceaccounts", f"system:serviceaccounts:{namespace}"],
-    )
+    """The identity of ServiceAccount ``namespace/name`` (created if missing): a bound token from the
+    TokenRequest API, what a pod of that account holds (ControlPlane.service_account_kubeconfig)."""
+    return cp.service_account_kubeconfig(namespace, name)
 
 
 def runtime_with_backoff_limit(cp, name: str, *, backoff_limit: int) -> str:

@@ -171,9 +171,9 @@ def delete_and_wait(cp, namespace: str, name: str, timeout_s: float = 90) -> Non
 def trainjobs_cleaned(request):
     """After a test that has a namespace: its TrainJobs deleted and their pods gone (GPUs free for the next)."""
     yield
-    if "namespace" not in request.fixturenames:
+    if "cluster_namespace" not in request.fixturenames:
         return
-    cp, namespace = request.getfixturevalue("control_plane"), request.getfixturevalue("namespace")
+    cp, namespace = request.getfixturevalue("control_plane"), request.getfixturevalue("cluster_namespace")
     cp.kubectl("delete", "trainjobs", "--all", "-n", namespace, "--wait=true", timeout=120)
     wait_until(f"the pods of {namespace} gone", lambda: not kubectl_json(cp, "get", "pods", "-n", namespace,
                "-l", JOBSET_LABEL)["items"], 90)  # fmt: skip

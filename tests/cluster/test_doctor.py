@@ -13,7 +13,7 @@ from tests.cluster.helpers import (
     apply_rbac,
     install_elastic_runtime,
     kubectl_json,
-    trainjobs_cleaned,  # noqa: F401 - autouse: frees the GPUs after each test
+    trainjobs_cleaned,  # noqa: F401 - autouse fixture: frees the GPUs after each test
 )
 
 
@@ -36,8 +36,9 @@ def _line(out: str, name: str) -> str:
 
 
 def test_doctor_reads_the_trainer_version_and_finds_the_gpu_nodes(
-    control_plane, trainer_stack, namespace, doctor
+    control_plane, trainer_stack, cluster_namespace, doctor
 ):
+    namespace = cluster_namespace
     install_elastic_runtime(control_plane)
     apply_rbac(control_plane, namespace)
     control_plane.kubectl_ok("create", "secret", "generic", "mlpipeline-minio-artifact", "-n", namespace,
@@ -64,7 +65,8 @@ def test_doctor_reads_the_trainer_version_and_finds_the_gpu_nodes(
     )  # no KFP on this control plane: said, not hidden
 
 
-def test_doctor_says_a_runtime_is_missing(control_plane, trainer_stack, namespace, doctor):
+def test_doctor_says_a_runtime_is_missing(control_plane, trainer_stack, cluster_namespace, doctor):
+    namespace = cluster_namespace
     cp = control_plane
     saved = kubectl_json(cp, "get", "clustertrainingruntime", "torch-distributed")
     cp.kubectl_ok("delete", "clustertrainingruntime", "torch-distributed", "cifar10-kfp-torch-elastic",
@@ -87,7 +89,10 @@ def test_doctor_says_a_runtime_is_missing(control_plane, trainer_stack, namespac
     assert "fix: kubectl apply --server-side -k deploy/trainer-runtime" in out
 
 
-def test_doctor_says_the_runner_lacks_the_trainjob_rights(control_plane, trainer_stack, namespace, doctor):
+def test_doctor_says_the_runner_lacks_the_trainjob_rights(
+    control_plane, trainer_stack, cluster_namespace, doctor
+):
+    namespace = cluster_namespace
     rc, out = doctor("--namespace", namespace, "--num-nodes", "2")
     assert rc == 1
     assert _line(out, "TrainJob permissions") == (

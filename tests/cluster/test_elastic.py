@@ -30,7 +30,7 @@ from tests.cluster.helpers import (
     pods_of,
     running_pods,
     trainjob,
-    trainjobs_cleaned,  # noqa: F401 - autouse: frees the GPUs after each test
+    trainjobs_cleaned,  # noqa: F401 - autouse fixture: frees the GPUs after each test
     wait_until,
 )
 from tests.cluster.test_launcher_life import _gone, _Launcher, _outputs_of_rank_0
@@ -41,8 +41,9 @@ def _job(cp, namespace: str, name: str) -> dict:
 
 
 def test_the_elastic_runtime_is_admitted_and_gives_each_node_its_own_budget(
-    control_plane, trainer_stack, namespace
+    control_plane, trainer_stack, cluster_namespace
 ):
+    namespace = cluster_namespace
     cp = control_plane
     runtime = install_elastic_runtime(cp)
     assert runtime["metadata"]["name"] == ELASTIC_RUNTIME
@@ -66,8 +67,9 @@ def test_the_elastic_runtime_is_admitted_and_gives_each_node_its_own_budget(
         )
 
 
-def test_w2_a_run_that_ends_short_finishes_by_its_completion_marker(control_plane, trainer_stack, namespace,
+def test_w2_a_run_that_ends_short_finishes_by_its_completion_marker(control_plane, trainer_stack, cluster_namespace,
                                                                     store_env, tmp_path):  # fmt: skip
+    namespace = cluster_namespace
     cp = control_plane
     install_elastic_runtime(cp)
     store_env.ensure_bucket()
@@ -107,10 +109,11 @@ def _replacement(cp, namespace, name, index, old_uid):
     return wait_until(f"a new pod for node {index}", probe, timeout_s=90)[0]
 
 
-def test_a_failed_pod_is_replaced_and_counted(control_plane, trainer_stack, namespace):
+def test_a_failed_pod_is_replaced_and_counted(control_plane, trainer_stack, cluster_namespace):
     """R5/R6: on `torch-distributed` (restartPolicy OnFailure) a pod the kubelet reports Failed (a lost node;
     kwok reports every container failure so) gets a new pod for the same index, counted in the Job's one
     shared budget; the TrainJob goes on."""
+    namespace = cluster_namespace
     cp = control_plane
     request = full_request(namespace, 2, tag="replace", service_account="", gpus_per_node=1)
     submit_trainjob(client_for(cp), build_trainjob(request))
@@ -131,10 +134,11 @@ def test_a_failed_pod_is_replaced_and_counted(control_plane, trainer_stack, name
     )
 
 
-def test_in_place_restarts_of_all_nodes_share_one_budget(control_plane, trainer_stack, namespace):
+def test_in_place_restarts_of_all_nodes_share_one_budget(control_plane, trainer_stack, cluster_namespace):
     """R3/W3: with restartPolicy OnFailure the Job controller sums the restart counts of every active pod's
     containers (pastBackoffLimitOnFailure): 3 restarts on node 0 and 3 on node 1 end the Job, though no node
     failed 6 times. The restart counts are written as a kubelet reports them (pod status)."""
+    namespace = cluster_namespace
     cp = control_plane
     request = full_request(namespace, 2, tag="budget", service_account="", gpus_per_node=1)
     submit_trainjob(client_for(cp), build_trainjob(request))
@@ -153,9 +157,12 @@ def test_in_place_restarts_of_all_nodes_share_one_budget(control_plane, trainer_
     )
 
 
-def test_on_the_elastic_runtime_a_failure_counts_for_its_node_only(control_plane, trainer_stack, namespace):
+def test_on_the_elastic_runtime_a_failure_counts_for_its_node_only(
+    control_plane, trainer_stack, cluster_namespace
+):
     """W3: restartPolicy Never and backoffLimitPerIndex: node 1's failure gives node 1 a new pod and uses one of
     node 1's 6, none of node 0's; node 0's own pod is untouched."""
+    namespace = cluster_namespace
     cp = control_plane
     install_elastic_runtime(cp)
     request = full_request(namespace, 2, min_nodes=1, tag="perindex", service_account="", gpus_per_node=1)
@@ -172,9 +179,12 @@ def test_on_the_elastic_runtime_a_failure_counts_for_its_node_only(control_plane
     assert not condition(trainjob(cp, namespace, request.name), "Failed")
 
 
-def test_an_evicted_node_does_not_count_on_the_elastic_runtime(control_plane, trainer_stack, namespace):
+def test_an_evicted_node_does_not_count_on_the_elastic_runtime(
+    control_plane, trainer_stack, cluster_namespace
+):
     """A drain or preemption (the Eviction API sets the DisruptionTarget condition) is ignored by the Job's
     podFailurePolicy: the node gets a new pod and nothing is counted."""
+    namespace = cluster_namespace
     cp = control_plane
     install_elastic_runtime(cp)
     request = full_request(namespace, 2, min_nodes=1, tag="evict", service_account="", gpus_per_node=1)

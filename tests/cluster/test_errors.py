@@ -12,7 +12,7 @@ from tests.cluster.helpers import (
     client_for,
     full_request,
     service_account_kubeconfig,
-    trainjobs_cleaned,  # noqa: F401 - autouse: frees the GPUs after each test
+    trainjobs_cleaned,  # noqa: F401 - autouse fixture: frees the GPUs after each test
 )
 
 
@@ -35,9 +35,10 @@ def _trainjob_posts(sent) -> list[dict]:
 
 
 def test_a_webhook_refusal_is_reported_with_the_webhooks_message(
-    control_plane, trainer_stack, namespace, tmp_path
+    control_plane, trainer_stack, cluster_namespace, tmp_path
 ):
     """A runtime that does not exist: the Trainer's webhook refuses with HTTP 403; the step says so."""
+    namespace = cluster_namespace
     api = client_for(control_plane)
     sent = _recording(api)
     request = full_request(namespace, 2, service_account="", runtime="no-such-runtime")
@@ -53,22 +54,27 @@ def test_a_webhook_refusal_is_reported_with_the_webhooks_message(
 
 
 def test_reserved_torchrun_variables_are_refused_by_the_webhook(
-    control_plane, trainer_stack, namespace, tmp_path
+    control_plane, trainer_stack, cluster_namespace, tmp_path
 ):
+    namespace = cluster_namespace
     request = full_request(namespace, 2, service_account="", storage_env={"PET_NNODES": "1:2"})
     with pytest.raises(TrainJobFailed, match=r"admission webhook .* denied the request: .*PET_NNODES"):
         run_trainjob(request, tmp_path, api_client=client_for(control_plane), store=object())
 
 
-def test_a_missing_elastic_runtime_says_how_to_install_it(control_plane, trainer_stack, namespace, tmp_path):
+def test_a_missing_elastic_runtime_says_how_to_install_it(
+    control_plane, trainer_stack, cluster_namespace, tmp_path
+):
+    namespace = cluster_namespace
     control_plane.kubectl("delete", "clustertrainingruntime", ELASTIC_RUNTIME, "--ignore-not-found")
     request = full_request(namespace, 3, min_nodes=2, service_account="")
     with pytest.raises(TrainJobFailed, match="kubectl apply --server-side -k deploy/trainer-runtime"):
         run_trainjob(request, tmp_path, api_client=client_for(control_plane), store=object())
 
 
-def test_missing_rbac_is_reported_as_missing_rbac(control_plane, trainer_stack, namespace, tmp_path):
+def test_missing_rbac_is_reported_as_missing_rbac(control_plane, trainer_stack, cluster_namespace, tmp_path):
     """The pipeline's account without deploy/rbac: the API server's RBAC refusal names the rights to grant."""
+    namespace = cluster_namespace
     nobody = client_for(
         control_plane, service_account_kubeconfig(control_plane, namespace, "pipeline-runner")
     )
@@ -83,9 +89,10 @@ def test_missing_rbac_is_reported_as_missing_rbac(control_plane, trainer_stack, 
 
 
 def test_the_strict_dry_run_runs_before_the_real_create_even_with_the_crd_readable(
-    control_plane, trainer_stack, namespace, tmp_path
+    control_plane, trainer_stack, cluster_namespace, tmp_path
 ):
     """As admin the CRD is readable: the dry run still runs, first, and the real create follows it."""
+    namespace = cluster_namespace
     from cifar10_kfp.trainjob import check_trainer_version, submit_trainjob
 
     api = client_for(control_plane)

@@ -32,7 +32,7 @@ from tests.cluster.helpers import (
     runtime_with_backoff_limit,
     service_account_kubeconfig,
     trainjob,
-    trainjobs_cleaned,  # noqa: F401 - autouse: frees the GPUs after each test
+    trainjobs_cleaned,  # noqa: F401 - autouse fixture: frees the GPUs after each test
     wait_until,
 )
 
@@ -74,8 +74,9 @@ class _Launcher(threading.Thread):
         return self.state, self.error
 
 
-def test_success_when_the_pods_succeed_collects_and_deletes(control_plane, trainer_stack, namespace, store_env,
+def test_success_when_the_pods_succeed_collects_and_deletes(control_plane, trainer_stack, cluster_namespace, store_env,
                                                             tmp_path):  # fmt: skip
+    namespace = cluster_namespace
     cp = control_plane
     node_account(cp, namespace)
     store_env.ensure_bucket()
@@ -95,8 +96,9 @@ def test_success_when_the_pods_succeed_collects_and_deletes(control_plane, train
     wait_until("the JobSet collected", lambda: _gone(cp, "jobset", request.name, "-n", namespace))
 
 
-def test_a_failed_pod_fails_the_step_with_the_real_reason(control_plane, trainer_stack, namespace, store_env,
+def test_a_failed_pod_fails_the_step_with_the_real_reason(control_plane, trainer_stack, cluster_namespace, store_env,
                                                           tmp_path):  # fmt: skip
+    namespace = cluster_namespace
     cp = control_plane
     node_account(cp, namespace)
     runtime = runtime_with_backoff_limit(cp, f"no-retries-{namespace}", backoff_limit=0)
@@ -119,8 +121,9 @@ def test_a_failed_pod_fails_the_step_with_the_real_reason(control_plane, trainer
 
 
 def test_active_deadline_ends_in_deadline_exceeded(
-    control_plane, trainer_stack, namespace, store_env, tmp_path
+    control_plane, trainer_stack, cluster_namespace, store_env, tmp_path
 ):
+    namespace = cluster_namespace
     cp = control_plane
     node_account(cp, namespace)
     request = full_request(namespace, 1, tag="deadline", active_deadline_s=3, gpus_per_node=1)
@@ -134,8 +137,9 @@ def test_active_deadline_ends_in_deadline_exceeded(
     wait_until("the JobSet deleted", lambda: _gone(cp, "jobset", request.name, "-n", namespace))
 
 
-def test_sigterm_deletes_the_job_and_everything_it_made(control_plane, trainer_stack, namespace, store_env,
+def test_sigterm_deletes_the_job_and_everything_it_made(control_plane, trainer_stack, cluster_namespace, store_env,
                                                         tmp_path):  # fmt: skip
+    namespace = cluster_namespace
     cp = control_plane
     node_account(cp, namespace)
     request = full_request(namespace, 2, tag="cancel", gpus_per_node=1)
@@ -157,9 +161,10 @@ def test_sigterm_deletes_the_job_and_everything_it_made(control_plane, trainer_s
 
 
 def test_a_retried_launcher_reattaches_and_takes_over_the_owner_reference(control_plane, trainer_stack,
-                                                                          namespace):  # fmt: skip
+                                                                          cluster_namespace):  # fmt: skip
     """R8, as the pipeline's own account with deploy/rbac's Role only: the second attempt's pod becomes the
     owner, so deleting it (the run's pods going) deletes the job through the real garbage collector."""
+    namespace = cluster_namespace
     cp = control_plane
     apply_rbac(cp, namespace)
     runner = client_for(cp, service_account_kubeconfig(cp, namespace, "pipeline-runner"))
@@ -177,9 +182,10 @@ def test_a_retried_launcher_reattaches_and_takes_over_the_owner_reference(contro
 
 
 def test_an_unschedulable_job_times_out_with_the_schedulers_reason_and_is_deleted(control_plane, trainer_stack,
-                                                                                  namespace, store_env, tmp_path):  # fmt: skip
+                                                                                  cluster_namespace, store_env, tmp_path):  # fmt: skip
     """No node has 8 GPUs: the real scheduler's FailedScheduling event is in the launcher's timeout error, and
     the launcher deletes the job (the TrainJob's own activeDeadlineSeconds is only the backstop)."""
+    namespace = cluster_namespace
     cp = control_plane
     request = full_request(namespace, 2, tag="nogpu", service_account="", gpus_per_node=8)
     with pytest.raises(TrainJobFailed) as timed_out:

@@ -11,7 +11,7 @@ import yaml
 
 from tests.cluster.helpers import (
     DEPLOY,
-    trainjobs_cleaned,  # noqa: F401 - autouse: frees the GPUs after each test
+    trainjobs_cleaned,  # noqa: F401 - autouse fixture: frees the GPUs after each test
 )
 
 BASES = ("rbac", "serving", "train-job", "trainer-runtime", "overlays/profile", "overlays/profile-train-job")

@@ -10,7 +10,7 @@ import pytest
 
 from tests.cluster.helpers import (
     DEPLOY,
-    trainjobs_cleaned,  # noqa: F401 - autouse: frees the GPUs after each test
+    trainjobs_cleaned,  # noqa: F401 - autouse fixture: frees the GPUs after each test
 )
 
 GRANTED = [

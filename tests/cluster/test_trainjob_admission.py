@@ -31,7 +31,7 @@ from tests.cluster.helpers import (
     node_index,
     pods_of,
     trainjob,
-    trainjobs_cleaned,  # noqa: F401 - autouse: frees the GPUs after each test
+    trainjobs_cleaned,  # noqa: F401 - autouse fixture: frees the GPUs after each test
     wait_until,
 )
 
@@ -42,8 +42,9 @@ def _env(container: dict) -> dict:
 
 @pytest.mark.parametrize("num_nodes", [1, 2, 4])
 def test_a_trainjob_with_every_option_becomes_a_jobset_one_job_and_n_pods(
-    control_plane, trainer_stack, namespace, num_nodes
+    control_plane, trainer_stack, cluster_namespace, num_nodes
 ):
+    namespace = cluster_namespace
     cp = control_plane
     label_restricted(cp, namespace)
     account = node_account(cp, namespace)
@@ -111,8 +112,11 @@ def _assert_node_pod(pod: dict, request, manifest: dict, account: str) -> None:
     assert pod["metadata"]["labels"]["sidecar.istio.io/inject"] == "false"
 
 
-def test_the_old_bare_manager_name_is_refused_by_the_real_webhook(control_plane, trainer_stack, namespace):
+def test_the_old_bare_manager_name_is_refused_by_the_real_webhook(
+    control_plane, trainer_stack, cluster_namespace
+):
     """What W1 was: "cifar10-kfp" is not a domain-prefixed path; the webhook's own words come back (R4)."""
+    namespace = cluster_namespace
     manifest = build_trainjob(full_request(namespace, 2, service_account=""))
     manifest["spec"]["runtimePatches"][0]["manager"] = "cifar10-kfp"
     with pytest.raises(TrainJobFailed) as refused:

@@ -18,7 +18,7 @@ import pytest
 from tests.cluster.helpers import (
     launcher_pod,
     running_pods,
-    trainjobs_cleaned,  # noqa: F401 - autouse: frees the GPUs after each test
+    trainjobs_cleaned,  # noqa: F401 - autouse fixture: frees the GPUs after each test
     wait_until,
 )
 from tests.support.torchrun_agents import free_port
@@ -76,8 +76,9 @@ def _run_node(cp, namespace: str, pod: dict, port: int, codes: dict) -> None:
 
 
 @pytest.mark.slow
-def test_train_on_trainer_trains_on_two_real_nodes(control_plane, trainer_stack, namespace, store_env, tmp_path,
+def test_train_on_trainer_trains_on_two_real_nodes(control_plane, trainer_stack, cluster_namespace, store_env, tmp_path,
                                                    monkeypatch):  # fmt: skip
+    namespace = cluster_namespace
     from kfp import dsl
 
     from cifar10_kfp.data.format import save_prepared

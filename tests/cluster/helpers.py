@@ -169,11 +169,14 @@ def delete_and_wait(cp, namespace: str, name: str, timeout_s: float = 90) -> Non
 
 @pytest.fixture(autouse=True)
 def trainjobs_cleaned(request):
-    """After a test that has a namespace: its TrainJobs deleted and their pods gone (GPUs free for the next)."""
-    yield
+    """After a test that has a namespace: its TrainJobs deleted and their pods gone (GPUs free for the next).
+
+    The namespace is asked for before the test, so it is torn down after this cleanup."""
     if "cluster_namespace" not in request.fixturenames:
+        yield
         return
     cp, namespace = request.getfixturevalue("control_plane"), request.getfixturevalue("cluster_namespace")
+    yield
     cp.kubectl("delete", "trainjobs", "--all", "-n", namespace, "--wait=true", timeout=120)
     wait_until(f"the pods of {namespace} gone", lambda: not kubectl_json(cp, "get", "pods", "-n", namespace,
                "-l", JOBSET_LABEL)["items"], 90)  # fmt: skip

@@ -123,5 +123,7 @@ def test_the_old_bare_manager_name_is_refused_by_the_real_webhook(
         dry_run_create(client_for(control_plane), manifest)
     message = str(refused.value)
     assert "admission webhook" in message and "denied the request" in message
-    assert "spec.runtimePatches[0].manager" in message and "domain-prefixed path" in message
+    assert (
+        'spec.runtimePatches.manager: Invalid value: "cifar10-kfp": must be a domain-prefixed path' in message
+    )
     assert "not allowed to create" not in message  # not reported as RBAC

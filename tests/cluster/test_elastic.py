@@ -183,7 +183,9 @@ def test_an_evicted_node_does_not_count_on_the_elastic_runtime(
     control_plane, trainer_stack, cluster_namespace
 ):
     """A drain or preemption (the Eviction API sets the DisruptionTarget condition) is ignored by the Job's
-    podFailurePolicy: the node gets a new pod and nothing is counted."""
+    podFailurePolicy: once the pod is terminal the node gets a new pod and nothing is counted. The kubelet's
+    part, the evicted container killed and the pod marked Failed, is written into pod status as a kubelet
+    reports it (kwok leaves an evicted pod Running until it is removed)."""
     namespace = cluster_namespace
     cp = control_plane
     install_elastic_runtime(cp)
@@ -198,6 +200,30 @@ def test_an_evicted_node_does_not_count_on_the_elastic_runtime(
     }
     cp.kubectl_ok("create", "--raw", f"/api/v1/namespaces/{namespace}/pods/{victim}/eviction", "-f", "-",
                   input=json.dumps(eviction))  # fmt: skip
+    evicted = wait_until("the DisruptionTarget condition", lambda: (p := _pod(cp, namespace, victim)) and any(
+        c["type"] == "DisruptionTarget" and c["status"] == "True" for c in p["status"].get("conditions", [])) and p)  # fmt: skip
+    statuses = evicted["status"]["containerStatuses"]
+    for status in statuses:
+        status["state"] = {"terminated": {"exitCode": 137, "reason": "Error", "startedAt": status["state"].get(
+            "running", {}).get("startedAt"), "finishedAt": evicted["metadata"]["deletionTimestamp"]}}  # fmt: skip
+        status["ready"] = False
+    patch = {"status": {"phase": "Failed", "containerStatuses": statuses}}
+    cp.kubectl(
+        "patch",
+        "pod",
+        victim,
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps(patch),
+    )
     _replacement(cp, namespace, request.name, 1, pods[1]["metadata"]["uid"])
     time.sleep(2)
     assert not _job(cp, namespace, request.name)["status"].get("failed")
+
+
+def _pod(cp, namespace: str, name: str) -> dict | None:
+    proc = cp.kubectl("get", "pod", name, "-n", namespace, "-o", "json")
+    return json.loads(proc.stdout) if proc.returncode == 0 else None

@@ -37,11 +37,12 @@ def _can(cp, account: str, verb: str, resource: str, namespace: str | None) -> b
 
 @pytest.fixture(scope="module")
 def applied(control_plane, trainer_stack):
-    """deploy/rbac as shipped (namespace kubeflow) and the profile overlay (namespace team-a), applied."""
+    """deploy/rbac and deploy/serving as shipped (namespace kubeflow) and the profile overlay (team-a), applied."""
     cp = control_plane
     for ns in ("kubeflow", "team-a"):
         cp.kubectl("create", "namespace", ns)
     cp.kubectl_ok("apply", "-k", str(DEPLOY / "rbac"))
+    cp.kubectl_ok("apply", "-k", str(DEPLOY / "serving"))
     cp.kubectl_ok("apply", "-k", str(DEPLOY / "overlays" / "profile"))
     return cp
 

@@ -52,8 +52,7 @@ def _container_env(pod: dict, port: int) -> dict[str, str]:
         if "secretKeyRef" in source:
             env[item["name"]] = os.environ[item["name"]]
         elif "fieldRef" in source:
-            key = re.fullmatch(r"metadata\.annotations\['(.+)'\]", source["fieldRef"]["fieldPath"]).group(1)
-            env[item["name"]] = pod["metadata"]["annotations"][key]
+            env[item["name"]] = _field(pod, source["fieldRef"]["fieldPath"])
         else:
             env[item["name"]] = item.get("value", "")
     env.update(PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=str(port), OMP_NUM_THREADS="1",
@@ -61,7 +60,19 @@ def _container_env(pod: dict, port: int) -> dict[str, str]:
     return env
 
 
+def _field(pod: dict, path: str) -> str:
+    """A downward-API field of the pod: ``metadata.annotations['k']``, ``metadata.labels['k']`` or a dotted path."""
+    keyed = re.fullmatch(r"metadata\.(annotations|labels)\['(.+)'\]", path)
+    if keyed:
+        return pod["metadata"].get(keyed.group(1), {}).get(keyed.group(2), "")
+    value = pod
+    for part in path.split("."):
+        value = (value or {}).get(part)
+    return str(value or "")
+
+
 def _run_node(cp, namespace: str, pod: dict, port: int, codes: dict) -> None:
+    codes[pod["metadata"]["name"]] = "not started"
     env = _container_env(pod, port)
     [container] = [c for c in pod["spec"]["containers"] if c["name"] == "node"]
     command = [expand_like_the_kubelet(arg, env) for arg in container["command"]]

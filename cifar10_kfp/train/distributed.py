@@ -11,14 +11,23 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 import typing
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import torch
+
+# How long a collective (and joining the process group) may wait for a peer. torch's defaults are 10 minutes
+# for NCCL and 30 for gloo (torch/distributed/constants.py): a node that vanished mid-step would hold the
+# survivors that long before their agents notice and re-rendezvous. Five minutes still covers what rank 0
+# does alone while the others wait at a barrier (a checkpoint upload, writing the outputs).
+PROCESS_GROUP_TIMEOUT = timedelta(minutes=5)
 
 
 @dataclass(frozen=True)
@@ -67,7 +76,9 @@ def setup_runtime(device: str = "auto") -> Runtime:
     if not torch.distributed.is_initialized():
         backend = "nccl" if resolved.type == "cuda" else "gloo"
         init_kwargs: dict[str, typing.Any] = {"device_id": resolved} if resolved.type == "cuda" else {}
-        torch.distributed.init_process_group(backend=backend, rank=rank, world_size=world_size, **init_kwargs)
+        torch.distributed.init_process_group(
+            backend=backend, rank=rank, world_size=world_size, timeout=PROCESS_GROUP_TIMEOUT, **init_kwargs
+        )
     return Runtime(device=resolved, rank=rank, world_size=world_size, local_rank=local_rank)
 
 
@@ -107,6 +118,7 @@ class Rendezvous:
     endpoint: str = ""  # HOST:PORT of the rendezvous store on node 0; empty on one node
     run_id: str = "cifar10-kfp"  # the same on every node of one run, distinct between concurrent runs
     max_restarts: int = 0  # worker-group restarts after a failure (membership changes do not count)
+    wait_for_host_s: float = 0.0  # a Trainer node other than 0 waits this long for node 0's store (0 = not)
 
     def __post_init__(self) -> None:
         low, high = self.node_range
@@ -114,6 +126,8 @@ class Rendezvous:
             raise ValueError(f"nnodes={self.nnodes!r} must be N or MIN:MAX with 1 <= MIN <= MAX")
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts={self.max_restarts} must be >= 0")
+        if self.wait_for_host_s < 0:
+            raise ValueError(f"wait_for_host_s={self.wait_for_host_s} must be >= 0")
         if self.endpoint:
             host, _, port = self.endpoint.rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -154,10 +168,55 @@ class Rendezvous:
         # On a Kubeflow Trainer node (PET_NODE_RANK is its JobSet completion index) node 0 hosts the
         # store: said explicitly, since torchrun's guess compares the endpoint's DNS name with this
         # pod's addresses, which the headless service may not resolve yet when the pods start.
-        node_rank = os.environ.get("PET_NODE_RANK", "")
-        if node_rank.isdigit() and "PET_RDZV_CONF" not in os.environ:
-            args.append(f"--rdzv-conf=is_host={'true' if node_rank == '0' else 'false'}")
+        if self.trainer_node_rank() is not None and "PET_RDZV_CONF" not in os.environ:
+            args.append(f"--rdzv-conf=is_host={'true' if self.trainer_node_rank() == 0 else 'false'}")
         return args
+
+    @staticmethod
+    def trainer_node_rank() -> int | None:
+        """This pod's node index on a Kubeflow Trainer node (``PET_NODE_RANK``), else None."""
+        node_rank = os.environ.get("PET_NODE_RANK", "")
+        return int(node_rank) if node_rank.isdigit() else None
+
+    def wait_for_host(self) -> None:
+        """On a Trainer node other than 0: wait, at most ``wait_for_host_s``, until node 0's store accepts connections.
+
+        Without it a node whose node 0 is still pulling its image or waiting for a GPU gives up after
+        torchrun's 60 s store timeout, and with the pods' ``restartPolicy: OnFailure`` each give-up is a
+        container restart counted against the Job's one shared ``backoffLimit`` (kubernetes Job controller,
+        restarts of active pods): a slow or lost node 0 then fails the whole TrainJob. Waiting here costs no
+        restart. Node 0, and runs outside a Trainer, start at once.
+        """
+        rank = self.trainer_node_rank()
+        if not self.multi_node or not self.wait_for_host_s or rank in (None, 0):
+            return
+        waited = wait_for_store(self.endpoint, self.wait_for_host_s)
+        if waited >= 1:
+            print(
+                f"node {rank}: node 0's rendezvous store at {self.endpoint} answered after {waited:.0f}s",
+                flush=True,
+            )
+
+
+def wait_for_store(endpoint: str, timeout_s: float, poll_s: float = 2.0) -> float:
+    """Block until ``HOST:PORT`` accepts a TCP connection; the seconds waited. ``TimeoutError`` past ``timeout_s``.
+
+    A name that does not resolve yet (node 0's pod not yet in the headless service) counts as "not yet".
+    """
+    host, _, port = endpoint.rpartition(":")
+    start = time.monotonic()
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=max(0.5, min(poll_s, 5.0))):
+                return time.monotonic() - start
+        except OSError as exc:
+            last_error = f"{type(exc).__name__}: {exc}"
+        if time.monotonic() - start >= timeout_s:
+            raise TimeoutError(
+                f"node 0's rendezvous store at {endpoint} did not accept connections within {timeout_s:g}s "
+                f"({last_error}): is node 0's pod scheduled and running?"
+            )
+        time.sleep(poll_s)
 
 
 def launch(nproc: int, spec: dict, rendezvous: Rendezvous | None = None) -> None:
@@ -168,6 +227,7 @@ def launch(nproc: int, spec: dict, rendezvous: Rendezvous | None = None) -> None
     """
     rendezvous = rendezvous or Rendezvous()
     Path(spec["output_dir"]).mkdir(parents=True, exist_ok=True)
+    rendezvous.wait_for_host()
     package_root = str(Path(__file__).resolve().parents[1])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)

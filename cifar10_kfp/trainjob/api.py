@@ -1,7 +1,7 @@
 """The Kubernetes side of a TrainJob: the client, the Trainer version check, create and delete.
 
 Uses the ``kubernetes`` client only (no kfp). RBAC in the run's namespace: ``trainjobs``
-create/get/list/watch/delete and ``events`` list (docs/multi-node.md).
+create/get/list/watch/patch/delete and ``events`` list (docs/multi-node.md).
 """
 
 from __future__ import annotations
@@ -12,10 +12,12 @@ import time
 from typing import TYPE_CHECKING
 
 from cifar10_kfp.trainjob.manifest import (
+    ELASTIC_RUNTIME,
     GROUP,
     PLURAL,
     VERSION,
     job_state,
+    new_enough,
     too_old_message,
     trainer_version_from_crd,
 )
@@ -38,6 +40,10 @@ class TrainerTooOld(TrainJobFailed):
 
 class TrainJobTimedOut(TrainJobFailed):
     """The job did not finish within the launcher's timeout."""
+
+
+class TrainJobCancelled(TrainJobFailed):
+    """SIGTERM (a terminated KFP run) deleted the job."""
 
 
 def load_kubernetes(host: str = "") -> ApiClient:
@@ -112,21 +118,30 @@ def read_trainer_crd(api_client: ApiClient) -> tuple[int, dict | None]:
 
 
 def check_trainer_version(api_client: ApiClient, manifest: dict) -> str:
-    """Refuse a Trainer older than 2.2 before anything is created; returns what was found.
+    """Refuse a Trainer older than 2.2, or a job it would refuse, before anything is created; returns what was found.
 
-    Reads the CRD's schema when allowed; otherwise asks the API server to validate the manifest
-    strictly in a dry run (``dryRun=All``, ``fieldValidation=Strict``), which creates nothing.
+    Reads the CRD's schema when allowed (a clearer message for an old Trainer), then always asks the API
+    server to create the manifest in a strict dry run (``dryRun=All``, ``fieldValidation=Strict``), which
+    creates nothing but runs the schema and every admission webhook: an older Trainer's schema refuses
+    ``spec.runtimePatches`` as an unknown field, and the Trainer's own webhook refuses what it would refuse
+    on the real create (a missing runtime, an invalid patch), with its own message.
     """
-    from kubernetes.client.exceptions import ApiException
-
     status, crd = read_trainer_crd(api_client)
+    found = ">=2.2"  # what the dry run proves when the CRD cannot be read
     if status == 200:
         found = trainer_version_from_crd(crd or {})
-        if found != ">=2.2":
+        if not new_enough(found):
             raise TrainerTooOld(too_old_message(found))
-        return found
-    if status == 404:
+    elif status == 404:
         raise _not_installed()
+    dry_run_create(api_client, manifest)
+    return found
+
+
+def dry_run_create(api_client: ApiClient, manifest: dict) -> None:
+    """A strict server-side dry-run create: schema, defaulting and admission webhooks, nothing stored."""
+    from kubernetes.client.exceptions import ApiException
+
     ns = manifest["metadata"]["namespace"]
     try:
         custom_objects(api_client).create_namespaced_custom_object(
@@ -138,8 +153,9 @@ def check_trainer_version(api_client: ApiClient, manifest: dict) -> str:
             raise TrainerTooOld(
                 f"{too_old_message('older than 2.2')} (the API server said: {message})"
             ) from exc
+        if exc.status == 409:
+            return  # a job of that name exists (a retried step): submit_trainjob re-attaches to it
         raise _create_error(exc, ns, manifest["metadata"]["name"]) from exc
-    return ">=2.2"
 
 
 def _not_installed() -> TrainJobFailed:
@@ -152,13 +168,21 @@ def _not_installed() -> TrainJobFailed:
 def _create_error(exc, ns: str, name: str) -> TrainJobFailed:
     if exc.status == 404:
         return _not_installed()
+    message = _api_message(exc)
+    if "admission webhook" in message and "denied the request" in message:
+        # kube-apiserver reports a validating webhook's refusal as HTTP 403 with the webhook's own message
+        # (controller-runtime's admission.Denied for a validator's plain error): not a matter of RBAC.
+        hint = ""
+        if ELASTIC_RUNTIME in message and "must be created before" in message:
+            hint = " (elastic runs need the project's runtime: kubectl apply --server-side -k deploy/trainer-runtime)"
+        return TrainJobFailed(f"the cluster refused TrainJob {ns}/{name}: {message}{hint}")
     if exc.status == 403:
         return TrainJobFailed(
             f"not allowed to create TrainJobs in namespace {ns!r}: grant the pipeline's service account "
-            "create/get/list/watch/delete on trainjobs.trainer.kubeflow.org and list on events "
-            f"(see docs/multi-node.md); the API server said: {_api_message(exc)}"
+            "create/get/list/watch/patch/delete on trainjobs.trainer.kubeflow.org and list on events "
+            f"(see docs/multi-node.md); the API server said: {message}"
         )
-    return TrainJobFailed(f"creating TrainJob {ns}/{name} failed: HTTP {exc.status}: {_api_message(exc)}")
+    return TrainJobFailed(f"creating TrainJob {ns}/{name} failed: HTTP {exc.status}: {message}")
 
 
 # ------------------------------------------------------------------------ create / delete
@@ -184,11 +208,36 @@ def submit_trainjob(api_client: ApiClient, manifest: dict) -> dict:
     existing = api.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
     if job_state(existing).phase != "Failed":
         log.info("TrainJob %s/%s exists (a retried step): watching it", ns, name)
-        return existing
+        return take_over(api, existing, manifest)
     log.info("TrainJob %s/%s failed before: deleting it and starting again from the checkpoint", ns, name)
     delete_trainjob(api_client, ns, name)
     _wait_deleted(api, ns, name)
     return api.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, manifest)
+
+
+def take_over(api, existing: dict, manifest: dict) -> dict:
+    """Make this launcher pod the owner of a job an earlier attempt created, so it is collected with this pod.
+
+    A merge patch replaces the whole ``ownerReferences`` list: the garbage collector deletes a dependent
+    only once every owner is gone, and the earlier attempt's pod lives as long as the run.
+    """
+    from kubernetes.client.exceptions import ApiException
+
+    wanted = manifest["metadata"].get("ownerReferences")
+    meta = existing.get("metadata") or {}
+    if not wanted or {r.get("uid") for r in meta.get("ownerReferences") or []} == {r["uid"] for r in wanted}:
+        return existing
+    ns, name = meta.get("namespace"), meta.get("name")
+    try:
+        patched = api.patch_namespaced_custom_object(
+            GROUP, VERSION, ns, PLURAL, name, {"metadata": {"ownerReferences": wanted}}
+        )
+    except ApiException as exc:
+        log.warning("could not take over TrainJob %s/%s (HTTP %s: %s): it stays owned by the earlier attempt's "
+                    "pod; grant `patch` on trainjobs (deploy/rbac)", ns, name, exc.status, _api_message(exc))  # fmt: skip
+        return existing
+    log.info("TrainJob %s/%s is now owned by pod %s", ns, name, wanted[0]["name"])
+    return patched
 
 
 def delete_trainjob(api_client: ApiClient, ns: str, name: str) -> bool:

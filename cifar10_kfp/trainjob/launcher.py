@@ -19,6 +19,9 @@
    fails the step.
 6. **Collect** the outputs the node holding rank 0 uploaded, then delete the finished job
    unless ``keep`` (a failed job is kept for its logs: it holds no GPUs, and a retry replaces it).
+   Rank 0 writes a completion marker after its outputs (``outputs.DONE_MARKER``); the launcher looks
+   for it while watching and takes it as success even when the job does not complete: an elastic run
+   that ended with fewer than ``num_nodes`` nodes leaves its Indexed Job waiting for the missing index.
 """
 
 from __future__ import annotations
@@ -28,10 +31,10 @@ import logging
 import os
 import signal
 import threading
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cifar10_kfp.trainjob.api import (
+    TrainJobCancelled,
     TrainJobFailed,
     TrainJobTimedOut,
     check_trainer_version,
@@ -41,14 +44,8 @@ from cifar10_kfp.trainjob.api import (
     load_kubernetes,
     submit_trainjob,
 )
-from cifar10_kfp.trainjob.manifest import (
-    MODEL_SUBDIR,
-    OUTPUT_FILES,
-    JobState,
-    TrainJobRequest,
-    build_trainjob,
-    job_name,
-)
+from cifar10_kfp.trainjob.manifest import JobState, TrainJobRequest, build_trainjob, job_name
+from cifar10_kfp.trainjob.outputs import DONE_MARKER, collect_outputs, read_marker
 from cifar10_kfp.trainjob.watch import watch_trainjob
 
 if TYPE_CHECKING:  # annotations only
@@ -97,18 +94,6 @@ def request_for_run(config: TrainConfig, *, run_id: str, store: ObjectStore, dat
     )  # fmt: skip
 
 
-def collect_outputs(output_uri: str, output_dir: str | os.PathLike, store: ObjectStore | None = None) -> Path:
-    """Download what the node holding rank 0 uploaded (model/, history.json, metrics.json)."""
-    from cifar10_kfp.storage import ObjectStore, join_uri
-
-    store = store or ObjectStore()
-    output_dir = Path(output_dir)
-    store.get_dir(join_uri(output_uri, MODEL_SUBDIR), output_dir / MODEL_SUBDIR)
-    for name in OUTPUT_FILES:
-        store.get_file(join_uri(output_uri, name), output_dir / name)
-    return output_dir
-
-
 @contextlib.contextmanager
 def deleted_on_sigterm(api_client, namespace: str, name: str):
     """While inside: SIGTERM (a cancelled KFP run) deletes the job, then fails the step with that reason."""
@@ -118,7 +103,7 @@ def deleted_on_sigterm(api_client, namespace: str, name: str):
 
     def on_sigterm(signum, frame):
         deleted = delete_trainjob(api_client, namespace, name)
-        raise TrainJobFailed(
+        raise TrainJobCancelled(
             f"cancelled (SIGTERM): {'deleted' if deleted else 'there was no'} TrainJob {namespace}/{name}, "
             "so it holds no GPUs"
         )
@@ -141,22 +126,60 @@ def run_trainjob(
     events_every_s: float = 30.0,
 ) -> JobState:
     """Check the Trainer, submit, watch to the end (or the timeout), collect the outputs, clean up."""
+    from cifar10_kfp.storage import ObjectStore
+
     api_client = api_client or load_kubernetes()
+    store = store or ObjectStore()
     manifest = build_trainjob(request)
     ns, name = request.namespace, request.name
     found = check_trainer_version(api_client, manifest)
     log.info("Kubeflow Trainer %s: creating TrainJob %s/%s", found, ns, name)
     with deleted_on_sigterm(api_client, ns, name):
         submit_trainjob(api_client, manifest)
-        try:
-            state = watch_trainjob(api_client, ns, name, timeout_s=timeout_s, events_every_s=events_every_s)
-        except TrainJobTimedOut as exc:
-            delete_trainjob(api_client, ns, name)
-            raise TrainJobTimedOut(
-                f"TrainJob {ns}/{name} {exc}: deleted it. Raise the launcher timeout (trainjob_timeout_h) if the "
-                "run needs longer, or see the events above for why it did not run"
-            ) from None
+        state = _watch_to_the_end(api_client, request, store, timeout_s, events_every_s)
     collect_outputs(request.output_uri, output_dir, store=store)
-    if not keep:
+    # A run finished by its marker may leave pods behind (Pending, or waiting for a node 0 that is done):
+    # the job goes even with ``keep``, so that they hold no GPUs.
+    if not keep or state.reason == MARKER_REASON:
         delete_trainjob(api_client, ns, name)
     return state
+
+
+MARKER_REASON = "CompletionMarker"
+
+
+def _watch_to_the_end(api_client, request: TrainJobRequest, store, timeout_s: float, events_every_s: float):
+    """The job's final state: Complete, or the completion marker rank 0 wrote (also if the job then failed)."""
+    ns, name = request.namespace, request.name
+
+    def finished_by_marker() -> JobState | None:
+        try:
+            marker = read_marker(request.output_uri, store)
+        except TrainJobFailed:
+            raise  # SIGTERM's handler raises wherever the launcher is, this read included
+        except Exception as exc:  # noqa: BLE001 - the store may blink; the job's own state still counts
+            log.warning("cannot read the completion marker of TrainJob %s/%s: %s", ns, name, exc)
+            return None
+        if marker is None:
+            return None
+        return JobState("Complete", MARKER_REASON,
+                        f"rank 0 wrote {DONE_MARKER} after its outputs (world size {marker.get('world_size')})")  # fmt: skip
+
+    try:
+        return watch_trainjob(api_client, ns, name, timeout_s=timeout_s, events_every_s=events_every_s,
+                              done=finished_by_marker)  # fmt: skip
+    except TrainJobCancelled:
+        raise
+    except TrainJobTimedOut as exc:
+        delete_trainjob(api_client, ns, name)
+        raise TrainJobTimedOut(
+            f"TrainJob {ns}/{name} {exc}: deleted it. Raise the launcher timeout (trainjob_timeout_h) if the "
+            "run needs longer, or see the events above for why it did not run"
+        ) from None
+    except TrainJobFailed:
+        # An elastic run whose Job failed after rank 0 finished (a node used up its own restarts) succeeded.
+        state = finished_by_marker()
+        if state is None:
+            raise
+        log.info("TrainJob %s/%s failed after rank 0 finished: %s", ns, name, state.message)
+        return state

@@ -26,11 +26,22 @@ VERSION = "v1alpha1"
 PLURAL = "trainjobs"
 KIND = "TrainJob"
 DEFAULT_RUNTIME = "torch-distributed"
+# Elastic runs (min_nodes < num_nodes) use the project's runtime with a per-node restart budget
+# (deploy/trainer-runtime/elastic-runtime.yaml says why the default runtime's shared budget does not fit).
+ELASTIC_RUNTIME = "cifar10-kfp-torch-elastic"
 # The torch-distributed runtime names its replicated job and trainer container "node"
 # (kubeflow/trainer manifests/base/runtimes/torch_distributed.yaml).
 RUNTIME_NODE_NAME = "node"
 MAX_JOB_NAME = 40
 MAX_POD_NAME = 63  # DNS-1035 label: JobSet's webhook refuses longer derived pod names
+# runtimePatches[].manager must be a domain-prefixed path ("acme.io/foo": a DNS-1123 subdomain, "/", RFC 3986
+# path characters): the Trainer's webhook checks it with apimachinery's validation.IsDomainPrefixedPath
+# (kubeflow/trainer pkg/runtime/framework/plugins/jobset/jobset.go Validate, v2.2.0 to v2.3.0), and the
+# CRD makes it immutable, at most 253 characters. A bare "cifar10-kfp" is refused.
+PATCH_MANAGER = "cifar10-kfp.github.io/launcher"
+# Nodes other than 0 wait up to this long for node 0's rendezvous store before starting torchrun
+# (cifar10_kfp.train.distributed.Rendezvous.wait_for_host): node 0 may be pulling its image or waiting for a GPU.
+RDZV_WAIT_S = 900
 NODE_OUTPUT_DIR = "/tmp/cifar10-kfp-train"  # where a node writes its outputs before the upload
 MODEL_SUBDIR = "model"
 OUTPUT_FILES = ("history.json", "metrics.json")
@@ -53,7 +64,7 @@ class TrainJobRequest:
     max_restarts: int = 3  # torchrun worker-group restarts after a failure (a lost node is one)
     cpu_per_node: str = "4"
     memory_per_node: str = "16Gi"
-    runtime: str = DEFAULT_RUNTIME
+    runtime: str = ""  # the ClusterTrainingRuntime; empty: ELASTIC_RUNTIME when elastic, else DEFAULT_RUNTIME
     minio_endpoint: str = ""
     minio_secure: bool = False
     minio_secret: str = "mlpipeline-minio-artifact"
@@ -77,6 +88,10 @@ class TrainJobRequest:
     def elastic(self) -> bool:
         low, high = self.node_range
         return low < high
+
+    @property
+    def runtime_name(self) -> str:
+        return self.runtime or (ELASTIC_RUNTIME if self.elastic else DEFAULT_RUNTIME)
 
 
 def job_name(run_id: str, config_hash: str = "") -> str:
@@ -179,6 +194,7 @@ def node_command(request: TrainJobRequest) -> list[str]:
         "--rdzv-endpoint", "$(PET_MASTER_ADDR):$(PET_MASTER_PORT)",
         "--rdzv-id", request.name,
         "--max-restarts", str(request.max_restarts),
+        "--rdzv-wait-s", str(RDZV_WAIT_S),
     ]  # fmt: skip
 
 
@@ -223,7 +239,7 @@ def _pod_patch(request: TrainJobRequest) -> dict:
     pod = {"metadata": {"labels": dict(no_sidecar), "annotations": dict(no_sidecar)}, "spec": pod_spec}
     job_patch = {"spec": {"template": pod}}
     return {
-        "manager": "cifar10-kfp",
+        "manager": PATCH_MANAGER,
         "trainingRuntimeSpec": {
             "template": {"spec": {"replicatedJobs": [{"name": RUNTIME_NODE_NAME, "template": job_patch}]}}
         },
@@ -260,7 +276,7 @@ def build_trainjob(request: TrainJobRequest) -> dict:
         "resourcesPerNode": {"requests": dict(limits), "limits": limits},
     }
     spec: dict = {
-        "runtimeRef": {"apiGroup": GROUP, "kind": "ClusterTrainingRuntime", "name": request.runtime},
+        "runtimeRef": {"apiGroup": GROUP, "kind": "ClusterTrainingRuntime", "name": request.runtime_name},
         "trainer": trainer,
         "runtimePatches": [_pod_patch(request)],
     }
@@ -320,20 +336,37 @@ def job_state(obj: dict) -> JobState:
 def trainer_version_from_crd(crd: dict) -> str:
     """The Trainer release family a TrainJob CRD belongs to, read from its schema's spec fields.
 
-    From kubeflow/trainer manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml: 2.0 has
-    ``podSpecOverrides``, 2.1 ``podTemplateOverrides``, 2.2 and later ``runtimePatches`` (and
-    ``activeDeadlineSeconds``).
+    From kubeflow/trainer manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml at the tags: 2.0 has
+    ``podSpecOverrides``, 2.1 ``podTemplateOverrides``, 2.2 ``runtimePatches`` (and ``activeDeadlineSeconds``),
+    and 2.3 added ``terminationGracePeriodSeconds`` to the patchable pod spec. Returns "2.0", "2.1", "2.2",
+    ">=2.3" or "unknown" ("2.2" when the schema is pruned below ``runtimePatches``: 2.2 at least).
     """
     versions = {v.get("name"): v for v in (crd.get("spec") or {}).get("versions") or []}
     schema = ((versions.get(VERSION) or {}).get("schema") or {}).get("openAPIV3Schema") or {}
-    fields = set(((schema.get("properties") or {}).get("spec") or {}).get("properties") or {})
+    spec = (schema.get("properties") or {}).get("spec") or {}
+    fields = set(spec.get("properties") or {})
     if "runtimePatches" in fields:
-        return ">=2.2"
+        pod_spec = _schema_at(
+            spec, "runtimePatches", "[]", "trainingRuntimeSpec", "template", "spec", "replicatedJobs", "[]",
+            "template", "spec", "template", "spec",
+        )  # fmt: skip
+        return ">=2.3" if "terminationGracePeriodSeconds" in (pod_spec.get("properties") or {}) else "2.2"
     if "podTemplateOverrides" in fields:
         return "2.1"
     if "podSpecOverrides" in fields:
         return "2.0"
     return "unknown"
+
+
+def _schema_at(node: dict, *path: str) -> dict:
+    for step in path:
+        node = (node.get("items") if step == "[]" else (node.get("properties") or {}).get(step)) or {}
+    return node
+
+
+def new_enough(found: str) -> bool:
+    """Whether a ``trainer_version_from_crd`` answer is a Trainer this project runs on (>= 2.2)."""
+    return found in ("2.2", ">=2.3")
 
 
 def too_old_message(found: str) -> str:

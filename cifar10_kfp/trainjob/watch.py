@@ -66,13 +66,15 @@ def watch_trainjob(
     watch_timeout_s: int = 60,
     events_every_s: float = 30.0,
     on_change: Callable[[JobState], None] | None = None,
+    done: Callable[[], JobState | None] | None = None,
 ) -> JobState:
     """Stream the TrainJob's state changes until it finishes; raise ``TrainJobFailed`` if it fails or times out.
 
     Uses a watch (``?watch=true``) re-opened every ``min(watch_timeout_s, events_every_s)``
     seconds from a fresh GET, so no transition is missed across reconnects; between watches the
     new Warning events are reported. Past ``timeout_s`` (0 = none) it raises without deleting:
-    ``run_trainjob`` decides what to do with the job.
+    ``run_trainjob`` decides what to do with the job. ``done``, asked once per watch window, may end
+    the watch with a state of its own (the completion marker of a run whose Job never completes).
     """
     from kubernetes import watch
     from kubernetes.client.exceptions import ApiException
@@ -102,6 +104,10 @@ def watch_trainjob(
                 ) from exc
             raise
         if seen(job_state(obj)).finished:
+            break
+        finished = done() if done else None
+        if finished is not None:
+            seen(finished)
             break
         now = time.monotonic()
         if now >= next_events:

@@ -178,6 +178,9 @@ def add_multinode_arguments(parser: argparse.ArgumentParser) -> None:
                        help="the same on every node of a run, distinct between runs (default cifar10-kfp)")  # fmt: skip
     group.add_argument("--max-restarts", type=int, default=None,
                        help="worker-group restarts after a failure such as a lost node (default 3 with MIN:MAX, else 0)")  # fmt: skip
+    group.add_argument("--rdzv-wait-s", type=float, default=0.0, metavar="S",
+                       help="on a Kubeflow Trainer node other than 0 (PET_NODE_RANK): wait up to S seconds for node 0's "
+                       "rendezvous store before starting torchrun (default 0: do not wait)")  # fmt: skip
     group.add_argument("--upload-to", default="", metavar="URI",
                        help="the node that holds rank 0 uploads model/, history.json and metrics.json here")  # fmt: skip
 
@@ -190,7 +193,7 @@ def rendezvous_from_args(args: argparse.Namespace):
     restarts = args.max_restarts if args.max_restarts is not None else (3 if elastic else 0)
     if args.nnodes == "1" and not args.rdzv_endpoint:
         return Rendezvous(max_restarts=restarts) if restarts else None
-    return Rendezvous(args.nnodes, args.rdzv_endpoint, args.rdzv_id, restarts)
+    return Rendezvous(args.nnodes, args.rdzv_endpoint, args.rdzv_id, restarts, args.rdzv_wait_s)
 
 
 def finish(result, args: argparse.Namespace) -> None:
@@ -202,7 +205,11 @@ def finish(result, args: argparse.Namespace) -> None:
         return
     if args.upload_to:
         from cifar10_kfp.storage import open_store
+        from cifar10_kfp.trainjob import upload_outputs
 
-        open_store().put_dir(result.output_dir, args.upload_to)
+        # The completion marker goes last: a TrainJob's launcher takes it as the run's success even when
+        # the Job never completes (an elastic run that ended with fewer nodes: cifar10_kfp/trainjob/outputs.py).
+        upload_outputs(result.output_dir, args.upload_to, open_store(),
+                       world_size=int(result.metrics.get("world_size", 0)))  # fmt: skip
         print(f"uploaded outputs to {args.upload_to}")
     print(json.dumps(result.metrics, indent=2, sort_keys=True))

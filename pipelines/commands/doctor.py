@@ -26,6 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--minio-endpoint", default=None,
                         help="object-store host:port the steps use (default seaweedfs.kubeflow:9000)")  # fmt: skip
     parser.add_argument("--num-nodes", type=int, default=1, help="check for Kubeflow Trainer when > 1")
+    parser.add_argument("--runner", default=None,
+                        help="the service account runs execute as (default: pipeline-runner in the KFP namespace, "
+                        "else default-editor): checked for the TrainJob rights when --num-nodes > 1")  # fmt: skip
     parser.add_argument(
         "--kube-api", default=None, help="Kubernetes API URL (default: kubeconfig / in-cluster)"
     )
@@ -168,6 +171,7 @@ def check_trainer(api_client, num_nodes: int) -> Check:
         GROUP,
         PLURAL,
         VERSION,
+        new_enough,
         read_trainer_crd,
         too_old_message,
         trainer_version_from_crd,
@@ -189,7 +193,7 @@ def check_trainer(api_client, num_nodes: int) -> Check:
         return Check("Kubeflow Trainer", False, f"CRD {PLURAL}.{GROUP} not found (HTTP {status})",
                      "install Kubeflow Trainer >= 2.2 (see docs/multi-node.md), or use num_nodes=1")  # fmt: skip
     found = trainer_version_from_crd(crd or {})
-    if found != ">=2.2":
+    if not new_enough(found):
         return Check("Kubeflow Trainer", False, too_old_message(found),
                      "upgrade Kubeflow Trainer to 2.2 or later (docs/multi-node.md)")  # fmt: skip
     status, _ = _api_get(api_client, f"/apis/{GROUP}/{VERSION}/clustertrainingruntimes/{DEFAULT_RUNTIME}")
@@ -199,8 +203,70 @@ def check_trainer(api_client, num_nodes: int) -> Check:
     return Check(
         "Kubeflow Trainer",
         True,
-        f"Trainer >= 2.2 (TrainJob has runtimePatches) and runtime {DEFAULT_RUNTIME!r}",
+        f"Trainer {found} (read from the TrainJob CRD: it has runtimePatches) and runtime {DEFAULT_RUNTIME!r}",
     )
+
+
+def check_elastic_runtime(api_client, num_nodes: int) -> Check:
+    """The project's runtime for elastic runs (deploy/trainer-runtime): only elastic runs need it."""
+    from cifar10_kfp.trainjob import ELASTIC_RUNTIME, GROUP, VERSION
+
+    name = "elastic runtime"
+    if num_nodes <= 1:
+        return Check(name, True, "not needed for num_nodes=1", required=False)
+    status, _ = _api_get(api_client, f"/apis/{GROUP}/{VERSION}/clustertrainingruntimes/{ELASTIC_RUNTIME}")
+    if status == 200:
+        return Check(name, True, f"ClusterTrainingRuntime {ELASTIC_RUNTIME!r} is installed", required=False)
+    return Check(name, False, f"ClusterTrainingRuntime {ELASTIC_RUNTIME!r} not found (HTTP {status}): "
+                 "elastic runs (min_nodes < num_nodes) would be refused; fixed-size runs work",
+                 "kubectl apply --server-side -k deploy/trainer-runtime (cluster admin)", required=False)  # fmt: skip
+
+
+TRAINJOB_VERBS = ("create", "get", "list", "watch", "patch", "delete")
+
+
+def check_trainjob_rbac(api_client, namespace: str, runner: str, num_nodes: int) -> Check:
+    """Whether the runner may do what the launcher does, asked of the API server (SubjectAccessReview)."""
+    from cifar10_kfp.trainjob import GROUP, PLURAL
+
+    name = "TrainJob permissions"
+    if num_nodes <= 1:
+        return Check(name, True, "not needed for num_nodes=1", required=False)
+    user = f"system:serviceaccount:{namespace}:{runner}"
+    wanted = [(GROUP, PLURAL, verb) for verb in TRAINJOB_VERBS] + [("", "events", "list")]
+    missing = []
+    for group, resource, verb in wanted:
+        allowed = _subject_may(api_client, user, namespace, group, resource, verb)
+        if allowed is None:
+            return Check(name, False, f"not allowed to ask what {namespace}/{runner} may do (SubjectAccessReview)",
+                         "run doctor as a cluster admin to check the runner's rights", required=False)  # fmt: skip
+        if not allowed:
+            missing.append(f"{verb} {resource}")
+    if missing:
+        return Check(name, False, f"service account {namespace}/{runner} may not {', '.join(missing)} in namespace "
+                     f"{namespace!r}: multi-node runs there would fail",
+                     "kubectl apply -k deploy/rbac (standalone KFP), or a copy of deploy/overlays/profile with your "
+                     "namespace (multi-user Kubeflow)")  # fmt: skip
+    return Check(name, True, f"service account {namespace}/{runner} may {'/'.join(TRAINJOB_VERBS)} trainjobs "
+                 "and list events")  # fmt: skip
+
+
+def _subject_may(api_client, user: str, namespace: str, group: str, resource: str, verb: str) -> bool | None:
+    """The API server's answer for one verb; None when this caller may not ask."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    groups = ["system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"]
+    review = client.V1SubjectAccessReview(spec=client.V1SubjectAccessReviewSpec(
+        user=user, groups=groups, resource_attributes=client.V1ResourceAttributes(
+            namespace=namespace, group=group, resource=resource, verb=verb)))  # fmt: skip
+    try:
+        answer = client.AuthorizationV1Api(api_client).create_subject_access_review(review)
+    except ApiException as exc:
+        if exc.status in (403, 404):  # this caller may not ask (or the API is not served): say "cannot check"
+            return None
+        raise
+    return bool(answer.status.allowed)
 
 
 def diagnose(api_client, args: argparse.Namespace) -> list[Check]:
@@ -212,8 +278,16 @@ def diagnose(api_client, args: argparse.Namespace) -> list[Check]:
         check_gpus(api_client),
         check_object_store(api_client, args.minio_endpoint or DEFAULT_MINIO_ENDPOINT),
         check_trainer(api_client, args.num_nodes),
+        check_elastic_runtime(api_client, args.num_nodes),
+        check_trainjob_rbac(api_client, args.namespace, _runner(args), args.num_nodes),
         *check_storage_access(),
     ]
+
+
+def _runner(args: argparse.Namespace) -> str:
+    if getattr(args, "runner", None):
+        return args.runner
+    return "pipeline-runner" if args.namespace == args.kfp_namespace else "default-editor"
 
 
 def format_report(checks: list[Check]) -> str:

@@ -227,3 +227,26 @@ def _wait(predicate, what: str, timeout_s: float = 240) -> None:
     from tests.reliability.harness import wait_until
 
     wait_until(predicate, timeout_s, interval=0.05, what=what)
+
+
+def test_a_trainer_node_other_than_0_waits_for_node_0s_store_with_a_bound(monkeypatch):
+    """W3/R1: nodes other than 0 wait (bounded) until node 0's store accepts connections; node 0 does not."""
+    import socket
+    import time
+
+    from cifar10_kfp.train.distributed import Rendezvous
+    from tests.support.torchrun_agents import free_port
+
+    port = free_port()
+    rendezvous = Rendezvous("2", f"127.0.0.1:{port}", "w", 0, wait_for_host_s=1.0)
+    monkeypatch.setenv("PET_NODE_RANK", "0")
+    rendezvous.wait_for_host()  # node 0 hosts the store: no wait, nothing listens yet
+    monkeypatch.setenv("PET_NODE_RANK", "1")
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=f"127.0.0.1:{port} did not accept connections within 1s"):
+        rendezvous.wait_for_host()
+    assert 1.0 <= time.monotonic() - started < 10
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", port))
+        listener.listen()
+        rendezvous.wait_for_host()  # returns as soon as the store answers

@@ -18,7 +18,7 @@ from cifar10_kfp.trainjob import (
     longest_pod_name,
     trainer_version_from_crd,
 )
-from tests.support.k8s_fake_server import condition, trainjob_crd
+from tests.lib.trainjob.crds import condition, trainjob_crd
 
 NS = "team-a"
 CONFIG = make_config("fast", {"epochs": 3}).to_dict()
@@ -183,7 +183,36 @@ def test_job_state_reads_conditions():
 
 
 def test_the_trainer_release_is_read_from_the_crd_schema():
-    assert trainer_version_from_crd(trainjob_crd("2.2")) == ">=2.2"
+    assert trainer_version_from_crd(trainjob_crd("2.2")) == "2.2"
     assert trainer_version_from_crd(trainjob_crd("2.1")) == "2.1"
     assert trainer_version_from_crd(trainjob_crd("2.0")) == "2.0"
     assert trainer_version_from_crd({}) == "unknown"
+
+
+def _is_domain_prefixed_path(value: str) -> bool:
+    """apimachinery's ``validation.IsDomainPrefixedPath``, which the Trainer's webhook applies to
+    ``runtimePatches[].manager`` (kubeflow/trainer pkg/runtime/framework/plugins/jobset/jobset.go Validate)."""
+    import re
+
+    host, sep, path = value.partition("/")
+    subdomain = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+    return bool(sep and host and path and len(host) <= 253 and re.fullmatch(subdomain, host)
+                and re.fullmatch(r"[A-Za-z0-9/\-._~%!$&'()*+,;=:]+", path))  # fmt: skip
+
+
+def test_the_runtime_patch_manager_is_a_domain_prefixed_path():
+    """W1: the Trainer refuses a TrainJob whose patch manager is a bare name such as "cifar10-kfp"."""
+    [patch] = build_trainjob(request())["spec"]["runtimePatches"]
+    assert _is_domain_prefixed_path(patch["manager"]) and len(patch["manager"]) <= 253
+    assert not _is_domain_prefixed_path("cifar10-kfp")  # what was sent before
+
+
+def test_elastic_runs_use_the_elastic_runtime_and_nodes_wait_for_node_0():
+    from cifar10_kfp.trainjob import DEFAULT_RUNTIME, ELASTIC_RUNTIME
+
+    fixed, elastic = build_trainjob(request()), build_trainjob(request(num_nodes=4, min_nodes=2))
+    assert fixed["spec"]["runtimeRef"]["name"] == DEFAULT_RUNTIME
+    assert elastic["spec"]["runtimeRef"]["name"] == ELASTIC_RUNTIME
+    assert build_trainjob(request(runtime="mine"))["spec"]["runtimeRef"]["name"] == "mine"
+    for manifest in (fixed, elastic):
+        assert int(_arg(manifest["spec"]["trainer"]["command"], "--rdzv-wait-s")) >= 300

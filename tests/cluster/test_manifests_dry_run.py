@@ -1,0 +1,87 @@
+"""Every manifest in deploy/ passes a server-side dry run on the real API server (schema, defaulting,
+admission: the Trainer's webhook for the runtime, PodSecurity for the pods), each kustomize base as rendered
+by kubectl's own kustomize, into namespaces labelled to enforce (and warn about) the restricted standard."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from tests.cluster.helpers import (
+    DEPLOY,
+    trainjobs_cleaned,  # noqa: F401 - autouse fixture: frees the GPUs after each test
+)
+
+BASES = ("rbac", "serving", "train-job", "trainer-runtime", "overlays/profile", "overlays/profile-train-job")
+PLACEHOLDERS = ("object-store-secret.example.yaml", "serving/s3-secret.example.yaml")
+RESTRICTED = ("pod-security.kubernetes.io/enforce=restricted", "pod-security.kubernetes.io/warn=restricted")
+
+
+def _restricted_namespace(cp, name: str) -> None:
+    cp.kubectl("create", "namespace", name)
+    cp.kubectl_ok("label", "namespace", name, "--overwrite", *RESTRICTED)
+
+
+def _server_dry_run(cp, docs: list[dict]):
+    return cp.kubectl("create", "--dry-run=server", "--validate=strict", "-o", "json", "-f", "-",
+                      input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))  # fmt: skip
+
+
+def _json_documents(text: str) -> list[dict]:
+    """kubectl prints one JSON document per object it created; a List's items when it prints a List."""
+    decoder, docs, at = json.JSONDecoder(), [], 0
+    while at < len(text.rstrip()):
+        doc, at = decoder.raw_decode(text, at)
+        docs.extend(doc.get("items", [doc]) if doc.get("kind", "").endswith("List") else [doc])
+        while at < len(text) and text[at].isspace():
+            at += 1
+    return docs
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_each_kustomize_base_passes_a_server_side_dry_run(control_plane, trainer_stack, base):
+    cp = control_plane
+    docs = [d for d in yaml.safe_load_all(cp.kubectl_ok("kustomize", str(DEPLOY / base)).stdout) if d]
+    assert docs, f"deploy/{base} renders nothing"
+    for ns in {d["metadata"].get("namespace") for d in docs} - {None}:
+        _restricted_namespace(cp, ns)
+    result = _server_dry_run(cp, docs)
+    assert result.returncode == 0, f"deploy/{base}: {result.stderr}"
+    assert "would violate PodSecurity" not in result.stderr, f"deploy/{base}: {result.stderr}"
+    items = _json_documents(result.stdout)
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in items) == sorted(
+        (d["kind"], d["metadata"]["name"]) for d in docs
+    )
+    for obj in items:  # defaulted by the server: a Job's pods get the restricted fields and their defaults
+        if obj["kind"] == "Job":
+            assert obj["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+            assert obj["spec"]["completionMode"] == "NonIndexed"
+
+
+def test_the_example_secrets_pass_a_server_side_dry_run(control_plane):
+    cp = control_plane
+    _restricted_namespace(cp, "kubeflow")
+    for rel in PLACEHOLDERS:
+        docs = [d for d in yaml.safe_load_all((DEPLOY / rel).read_text()) if d]
+        for doc in docs:
+            doc["metadata"].setdefault("namespace", "kubeflow")
+        result = _server_dry_run(cp, docs)
+        assert result.returncode == 0, f"{rel}: {result.stderr}"
+
+
+def test_a_pod_that_breaks_the_restricted_standard_is_refused(control_plane):
+    """The check above can fail: the same dry run refuses the Job with one container running as root."""
+    cp = control_plane
+    _restricted_namespace(cp, "kubeflow")
+    docs = [d for d in yaml.safe_load_all(cp.kubectl_ok("kustomize", str(DEPLOY / "train-job")).stdout) if d]
+    [job] = [d for d in docs if d["kind"] == "Job"]
+    pod = job["spec"]["template"]
+    pod["metadata"] = {"name": "rooted", "namespace": "kubeflow"}
+    pod["spec"]["securityContext"]["runAsNonRoot"] = False
+    pod["spec"].pop("serviceAccountName", None)  # only the Job's dry run made its account, so none exists
+    result = _server_dry_run(cp, [{"apiVersion": "v1", "kind": "Pod", **pod}])
+    assert (
+        result.returncode != 0 and "violates PodSecurity" in result.stderr and "runAsNonRoot" in result.stderr
+    )

@@ -16,7 +16,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE ?= $(REGISTRY)/cifar10-kfp:$(VERSION)
 PYTEST_ARGS ?=
 
-.PHONY: help install run test test-fast compile lint bench bench-quick image clean
+.PHONY: help install run test test-fast test-cluster cluster cluster-build compile lint bench bench-quick image clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -34,11 +34,20 @@ install: $(STAMP) ## create .venv (if missing) and install the package with its 
 run: $(STAMP) ## run the whole training pipeline locally (kfp.local) on the embedded object store
 	$(CLI) run-local --param dataset_uri=$(DATASET) $(foreach p,$(PARAMS),--param $(p)) --summary-json runs/last-summary.json
 
-test: $(STAMP) ## run the whole test suite
-	$(PY) -m pytest $(PYTEST_ARGS)
+test: $(STAMP) ## run the whole test suite (tests/cluster runs in `make test-cluster`)
+	$(PY) -m pytest --ignore=tests/cluster $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## run the tests not marked slow
-	$(PY) -m pytest -m "not slow and not reliability" $(PYTEST_ARGS)
+	$(PY) -m pytest --ignore=tests/cluster -m "not slow and not reliability" $(PYTEST_ARGS)
+
+cluster-build: $(STAMP) ## build the real control plane's Go binaries (once per version, cached in ~/.cache/cifar10-kfp)
+	$(PY) -m tests.support.cluster.gobuild --all
+
+test-cluster: cluster-build ## run tests/cluster against a real control plane, Trainer and JobSet on 127.0.0.1
+	$(PY) -m pytest tests/cluster --timeout=900 $(PYTEST_ARGS)
+
+cluster: cluster-build ## start the real control plane + Trainer in the foreground; prints export KUBECONFIG=...
+	$(PY) -m tests.support.cluster $(CLUSTER_ARGS)
 
 compile: $(STAMP) ## compile the pipelines to pipelines/compiled/*.yaml
 	$(CLI) compile --output-dir pipelines/compiled

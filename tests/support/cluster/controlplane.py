@@ -340,6 +340,20 @@ class ControlPlane:
             raise RuntimeError(f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
         return proc
 
+    def wait_for(self, what: str, check, timeout_s: float = 60) -> None:
+        """Poll check() until true; fails early if a component of the control plane died."""
+        procs.wait_for(what, check, timeout_s, self._procs(), interval_s=0.3)
+
+    def create_namespace(self, name: str, labels: dict[str, str] | None = None) -> str:
+        """Create a namespace and wait for its default service account (pods need it)."""
+        ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}}
+        self.kubectl_ok("create", "-f", "-", input=json.dumps(ns))
+        self.wait_for(
+            f"service account default in {name}",
+            lambda: self.kubectl("get", "serviceaccount", "default", "-n", name).returncode == 0,
+        )
+        return name
+
     # -- pod outcomes (kwok stages, see kwok_stages.py) --------------------------------------
     def succeed_pod(self, namespace: str, name: str) -> None:
         """Make a Running pod's containers exit 0 (kwok's pod-complete stage, keyed on a label)."""

@@ -37,7 +37,14 @@ def free_port() -> int:
 
 
 class Process:
-    def __init__(self, name: str, argv: list[str], log_dir: pathlib.Path, cwd: pathlib.Path | None = None):
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        log_dir: pathlib.Path,
+        cwd: pathlib.Path | None = None,
+        env: dict[str, str] | None = None,
+    ):
         self.name = name
         self.argv = argv
         self.log_path = log_dir / f"{name}.log"
@@ -49,7 +56,7 @@ class Process:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             cwd=cwd,
-            env=child_env(),
+            env={**child_env(), **(env or {})},
             start_new_session=True,
         )
         _LIVE.append(self)

@@ -24,8 +24,10 @@ import json
 import os
 import pathlib
 import shutil
+import socket
 import subprocess
 import tempfile
+import threading
 import time
 
 from tests.support.cluster import gobuild, images, procs, versions
@@ -54,6 +56,7 @@ class RealNode:
         # Short: containerd's and the shims' unix sockets live under it.
         self.dir = pathlib.Path(tempfile.mkdtemp(prefix="c10n-", dir="/tmp"))
         self.procs: dict[str, procs.Process] = {}
+        self._relays: list[_Relay] = []
         self.started_in_s: float | None = None
 
     def __enter__(self) -> RealNode:
@@ -81,6 +84,9 @@ class RealNode:
         self.started_in_s = round(time.monotonic() - started, 1)
 
     def stop(self) -> None:
+        for relay in self._relays:
+            relay.close()
+        self._relays.clear()
         # The kubelet first (so it stops restarting pods), then the pods themselves, then containerd.
         kubelet = self.procs.pop("kubelet", None)
         if kubelet is not None:
@@ -318,3 +324,93 @@ state = "{self.dir / "containerd-state"}"
         if getattr(self, "_own_bridge", False):
             subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
             self._own_bridge = False
+
+    def advertise_extended_resource(self, resource: str, count: int) -> None:
+        """Advertise `count` of an extended resource (e.g. nvidia.com/gpu) in the node's status.
+
+        The Kubernetes way to declare a resource without a device plugin: the scheduler counts it,
+        the kubelet admits pods requesting it and hands them nothing (no device is mounted).
+        """
+        key = resource.replace("/", "~1")
+        patch = [
+            {"op": "add", "path": f"/status/capacity/{key}", "value": str(count)},
+            {"op": "add", "path": f"/status/allocatable/{key}", "value": str(count)},
+        ]
+        self.cp.kubectl_ok(
+            "patch", "node", self.name, "--subresource=status", "--type=json", "-p", json.dumps(patch)
+        )
+
+    # -- host services for pods ------------------------------------------------------------
+    def expose(self, target_port: int, port: int) -> str:
+        """Make 127.0.0.1:target_port reachable from pods at host_ip:port; returns 'host:port'.
+
+        The host's test services (the embedded object store) bind to loopback only; a relay on the
+        bridge address passes the bytes through unchanged, so an S3 request signed for host:port
+        verifies at the store.
+        """
+        relay = _Relay((HOST_IP, port), ("127.0.0.1", target_port))
+        self._relays.append(relay)
+        return f"{HOST_IP}:{port}"
+
+
+class _Relay:
+    """A TCP relay: one accept thread, two pump threads per connection; closed with the node."""
+
+    def __init__(self, listen: tuple[str, int], target: tuple[str, int]):
+        self.target = target
+        self.server = socket.create_server(listen, reuse_port=False)
+        self.server.settimeout(0.5)
+        self._closed = threading.Event()
+        threading.Thread(target=self._accept, daemon=True, name=f"relay-{listen[1]}").start()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, _ = self.server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.target, timeout=10)
+            except OSError:
+                conn.close()
+                continue
+            upstream.settimeout(None)
+            conn.settimeout(None)
+            pair = _Pair(conn, upstream)
+            for src, dst in ((conn, upstream), (upstream, conn)):
+                threading.Thread(target=_pump, args=(src, dst, pair), daemon=True).start()
+
+    def close(self) -> None:
+        self._closed.set()
+        self.server.close()
+
+
+class _Pair:
+    """Both sockets of a relayed connection, closed when both directions are done."""
+
+    def __init__(self, *socks: socket.socket):
+        self.socks, self.left, self.lock = socks, 2, threading.Lock()
+
+    def done(self) -> None:
+        with self.lock:
+            self.left -= 1
+            if self.left == 0:
+                for sock in self.socks:
+                    sock.close()
+
+
+def _pump(src: socket.socket, dst: socket.socket, pair: _Pair) -> None:
+    try:
+        while data := src.recv(1 << 16):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for sock, how in ((dst, socket.SHUT_WR), (src, socket.SHUT_RD)):
+            try:
+                sock.shutdown(how)
+            except OSError:
+                pass
+        pair.done()

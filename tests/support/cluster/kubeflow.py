@@ -267,16 +267,44 @@ class TrainerStack:
                 "ValidatingWebhookConfiguration",
                 "ClusterTrainingRuntime",
             ):
-                kubectl("delete", doc["kind"], doc["metadata"]["name"], "--ignore-not-found", "--wait=false")
+                kubectl(
+                    "delete",
+                    doc["kind"],
+                    doc["metadata"]["name"],
+                    "--ignore-not-found",
+                    "--timeout=30s",
+                    timeout=60,
+                )
         for mgr in (self.trainer, self.jobset):
             if mgr is not None:
                 mgr.stop()
-        crds = [
-            f"crd/{d['metadata']['name']}" for d in self._applied if d["kind"] == "CustomResourceDefinition"
-        ]
+        crds = [d["metadata"]["name"] for d in self._applied if d["kind"] == "CustomResourceDefinition"]
+        for crd in crds:
+            self._strip_finalizers(crd)
         if crds:
-            kubectl("delete", *crds, "--ignore-not-found", "--wait=true", "--timeout=60s", timeout=90)
+            kubectl(
+                "delete",
+                *(f"crd/{c}" for c in crds),
+                "--ignore-not-found",
+                "--wait=true",
+                "--timeout=60s",
+                timeout=90,
+            )
         self._applied.clear()
+
+    def _strip_finalizers(self, crd: str) -> None:
+        # With the controllers stopped nothing would ever remove their finalizers, and the CRD
+        # (and the next stack's install) would hang on the leftovers.
+        out = self.cp.kubectl("get", crd, "--all-namespaces", "-o", "json")
+        if out.returncode != 0:
+            return
+        for item in json.loads(out.stdout).get("items", []):
+            meta = item["metadata"]
+            if meta.get("finalizers"):
+                ns = ["-n", meta["namespace"]] if meta.get("namespace") else []
+                self.cp.kubectl(
+                    "patch", crd, meta["name"], *ns, "--type=merge", "-p", '{"metadata":{"finalizers":null}}'
+                )
 
 
 def install_trainer(cp: ControlPlane, stack: str) -> TrainerStack:

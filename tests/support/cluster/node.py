@@ -20,6 +20,7 @@ What this machine imposes, and how it is met:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -37,6 +38,8 @@ POD_SUBNET = "10.88.0.0/16"
 BRIDGE = "cifar10kfp0"
 HOST_IP = "10.88.0.1"  # the bridge's own address: pods reach host services here
 _START_TIMEOUT_S = 180.0
+_NETNS = pathlib.Path("/run/netns")  # where containerd pins each sandbox's network namespace
+_CGROUP_ROOT = pathlib.Path("/sys/fs/cgroup")
 _NODE_BINARIES = ("kubelet", "containerd", "containerd-shim-runc-v2", "ctr", "runc")
 
 
@@ -46,17 +49,35 @@ def node_binaries() -> dict[str, pathlib.Path]:
     return {name: gobuild.ensure_binary(name) for name in names}
 
 
+def _node_name_and_address(name: str | None) -> tuple[str, str]:
+    """The node's name and the address its kubelet listens on.
+
+    The API server reaches a kubelet (logs, exec) at the node's Hostname address first, which is
+    the node name; so the node is named after this machine, as a kubelet names itself by default,
+    and listens where that name resolves when it is a loopback address ("vm" -> 127.0.0.1 here).
+    Anything else listens on 127.0.0.1, and `kubectl logs` cannot reach it (the control plane does
+    not prefer InternalIP).
+    """
+    host = (name or socket.gethostname()).lower()
+    try:
+        address = socket.gethostbyname(host)
+    except OSError:
+        address = ""
+    return host, address if address.startswith("127.") else "127.0.0.1"
+
+
 class RealNode:
     """A kubelet + containerd node registered with `cp`; `name`, `host_ip`, `ctr(...)`, `import_image(...)`."""
 
-    def __init__(self, cp, name: str = "real-node-0"):
+    def __init__(self, cp, name: str | None = None):
         self.cp = cp
-        self.name = name
+        self.name, self.kubelet_address = _node_name_and_address(name)
         self.host_ip = HOST_IP
         # Short: containerd's and the shims' unix sockets live under it.
         self.dir = pathlib.Path(tempfile.mkdtemp(prefix="c10n-", dir="/tmp"))
         self.procs: dict[str, procs.Process] = {}
         self._relays: list[_Relay] = []
+        self._netns_before: set[pathlib.Path] = set()
         self.started_in_s: float | None = None
 
     def __enter__(self) -> RealNode:
@@ -73,6 +94,7 @@ class RealNode:
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
         started = time.monotonic()
+        self._netns_before = set(_NETNS.glob("cni-*")) if _NETNS.is_dir() else set()
         self.bin = node_binaries()
         self._cni_bin_dir = self._link_dir("cni-bin", tuple(versions.NODE_CNI_PLUGINS))
         self._write_cni_config()
@@ -96,7 +118,9 @@ class RealNode:
         for name in reversed(list(self.procs)):
             self.procs.pop(name).stop()
         self._kill_shims()
+        self._clear_pod_cgroups()
         self._unmount_all()
+        self._remove_netns()
         shutil.rmtree(self.dir, ignore_errors=True)
         if self.cp is not None and getattr(self.cp, "server", ""):
             self.cp.kubectl("delete", "node", self.name, "--wait=false")
@@ -155,6 +179,10 @@ state = "{self.dir / "containerd-state"}"
   # cgroup v1 without hugetlb here; the kubelet's QoS cgroups come from the kubelet itself.
   tolerate_missing_hugetlb_controller = true
   enable_selinux = false
+  # The sandbox this runs in withholds CAP_SYS_RESOURCE, so no process may lower an oom_score_adj
+  # ("runc init error(s): nsexec: failed to update /proc/self/oom_score_adj: Permission denied"
+  # for the sandbox's -998): containerd clamps every score to its own instead, as rootless does.
+  restrict_oom_score_adj = true
 
 [{runtime}.containerd.runtimes.runc]
   runtime_type = "io.containerd.runc.v2"
@@ -227,13 +255,13 @@ state = "{self.dir / "containerd-state"}"
             "failCgroupV1": False,
             "cgroupDriver": "cgroupfs",  # no systemd here
             "containerRuntimeEndpoint": f"unix://{self.socket}",
-            "address": HOST_IP,
+            "address": self.kubelet_address,
             "port": self.kubelet_port,
             "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1",
             "healthzPort": procs.free_port(),
             # The API server of controlplane.py has no kubelet client certificate, so `kubectl logs`
-            # reaches the kubelet anonymously; the kubelet listens on the node-local bridge only.
+            # reaches the kubelet anonymously; the kubelet listens on loopback only.
             "authentication": {
                 "anonymous": {"enabled": True},
                 "webhook": {"enabled": False},
@@ -309,6 +337,34 @@ state = "{self.dir / "containerd-state"}"
                     os.kill(int(entry.name), 9)
                 except ProcessLookupError:
                     pass
+
+    def _clear_pod_cgroups(self) -> None:
+        # What is left in the kubelet's pod cgroups (a container whose shim was killed) is ended by
+        # pid, then the empty cgroups are removed, deepest first, so the next node starts clean.
+        for proc_file in (_CGROUP_ROOT / "pids" / "kubepods").rglob("cgroup.procs"):
+            for pid in proc_file.read_text().split():
+                try:
+                    os.kill(int(pid), 9)
+                except ProcessLookupError:
+                    pass
+        for hierarchy in _CGROUP_ROOT.iterdir():
+            top = hierarchy / "kubepods"
+            if top.is_dir():
+                for directory in sorted(
+                    (d for d in top.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts)
+                ):
+                    with contextlib.suppress(OSError):
+                        directory.rmdir()
+                with contextlib.suppress(OSError):
+                    top.rmdir()
+
+    def _remove_netns(self) -> None:
+        if not _NETNS.is_dir():
+            return
+        for netns in set(_NETNS.glob("cni-*")) - self._netns_before:
+            subprocess.run(["umount", str(netns)], capture_output=True)
+            with contextlib.suppress(OSError):
+                netns.unlink()
 
     def _unmount_all(self) -> None:
         # Overlay rootfs, emptyDir tmpfs and netns bind mounts under the node's directory.

@@ -66,19 +66,23 @@ def dependency_closure() -> list[md.Distribution]:
     """The installed distributions of requirements.txt and everything they require (no extras)."""
     todo = [Requirement(line) for line in REQUIREMENTS.read_text().splitlines() if line and line[0] != "#"]
     seen: dict[str, md.Distribution] = {}
+    done: set[tuple[str, str]] = set()  # (distribution, extra) already expanded
     while todo:
         req = todo.pop()
         key = re.sub(r"[-_.]+", "-", req.name).lower()
-        if key in seen:
-            continue
-        dist = md.distribution(req.name)
+        dist = seen.get(key) or md.distribution(req.name)
         if not req.specifier.contains(dist.version, prereleases=True):
             raise RuntimeError(f"installed {req.name} {dist.version} does not satisfy {req}")
         seen[key] = dist
-        for spec in dist.requires or []:
-            sub = Requirement(spec)
-            if sub.marker is None or sub.marker.evaluate({"extra": ""}):
-                todo.append(sub)
+        # A requirement's extras pull in more (torch needs cuda-toolkit[cudart,...] for libcudart).
+        for extra in ("", *sorted(req.extras)):
+            if (key, extra) in done:
+                continue
+            done.add((key, extra))
+            for spec in dist.requires or []:
+                sub = Requirement(spec)
+                if sub.marker is None or sub.marker.evaluate({"extra": extra}):
+                    todo.append(sub)
     return sorted(seen.values(), key=lambda d: d.metadata["Name"].lower())
 
 
@@ -200,6 +204,9 @@ ln -sf python3 /usr/bin/python   # the base image's `python`
 """
 
 APP_STEP = """
+# The Dockerfile's dependency step imports torch and torchvision (to pin them): a missing CUDA
+# runtime library fails here, not in a pod.
+python -c 'import torch, torchvision; print("torch", torch.__version__)'
 PYTHONPATH=/tmp/pip python -m pip install --no-index --no-deps --break-system-packages \
     --find-links /tmp/dist "cifar10-kfp=={version}"
 PYTHONPATH=/tmp/pip python -m pip check --break-system-packages >/dev/null 2>&1 || true
@@ -249,4 +256,7 @@ def build_archive(cache: pathlib.Path) -> pathlib.Path:
             },
         }
         images.oci_archive(out, IMAGE, layers, config)
+    for stale in cache.glob(f"cifar10-kfp-{VERSION}-*.oci.tar"):
+        if stale != out:
+            stale.unlink()  # 5 GB each: keep only the archive of the current inputs
     return out

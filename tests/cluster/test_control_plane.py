@@ -184,5 +184,7 @@ def test_trainer_webhook_checks_the_runtime_patch_manager(
     # The message is the Trainer's own (pkg/runtime/framework/plugins/jobset/jobset.go Validate,
     # apimachinery validation.IsDomainPrefixedPath), returned by its validating webhook.
     assert 'admission webhook "validator.trainjob.trainer.kubeflow.org" denied the request' in result.stderr
-    assert 'spec.runtimePatches[0].manager: Invalid value: "cifar10-kfp"' in result.stderr
-    assert "must be a domain-prefixed path" in result.stderr
+    assert (
+        'spec.runtimePatches.manager: Invalid value: "cifar10-kfp": '
+        'must be a domain-prefixed path (such as "acme.io/foo")'
+    ) in result.stderr

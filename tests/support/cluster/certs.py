@@ -119,28 +119,30 @@ def write_pair(directory: pathlib.Path, stem: str, pair: KeyPair) -> tuple[pathl
 
 
 def write_kubeconfig(
-    path: pathlib.Path, server: str, ca_pem: bytes, user: str, pair: KeyPair
+    path: pathlib.Path,
+    server: str,
+    ca_pem: bytes,
+    user: str,
+    pair: KeyPair | None = None,
+    token: str | None = None,
 ) -> pathlib.Path:
-    """A kubeconfig with the CA and the client certificate embedded (one file, nothing to chase)."""
+    """A kubeconfig with the CA and the client certificate (or a bearer token) embedded."""
 
     def b64(data: bytes) -> str:
         return base64.b64encode(data).decode()
 
+    if pair is not None:
+        credentials = {"client-certificate-data": b64(pair.cert_pem), "client-key-data": b64(pair.key_pem)}
+    elif token is not None:
+        credentials = {"token": token}
+    else:
+        raise ValueError(f"the kubeconfig for {user!r} needs a client certificate or a token")
+    cluster = {"server": server, "certificate-authority-data": b64(ca_pem)}
     config = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [
-            {
-                "name": "cifar10-kfp-test",
-                "cluster": {"server": server, "certificate-authority-data": b64(ca_pem)},
-            }
-        ],
-        "users": [
-            {
-                "name": user,
-                "user": {"client-certificate-data": b64(pair.cert_pem), "client-key-data": b64(pair.key_pem)},
-            }
-        ],
+        "clusters": [{"name": "cifar10-kfp-test", "cluster": cluster}],
+        "users": [{"name": user, "user": credentials}],
         "contexts": [{"name": "cifar10-kfp-test", "context": {"cluster": "cifar10-kfp-test", "user": user}}],
         "current-context": "cifar10-kfp-test",
     }

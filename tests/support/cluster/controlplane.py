@@ -126,11 +126,8 @@ class ControlPlane:
         self.admin_cert, self.admin_key = certs.write_pair(pki, "admin", self._admin_pair)
 
     def kubeconfig_for(self, user: str, groups: list[str] | tuple[str, ...] = ()) -> pathlib.Path:
-        """A kubeconfig authenticating as `user` in `groups` (an x509 client certificate).
-
-        For a service account pass user="system:serviceaccount:<ns>:<name>" and groups
-        ["system:serviceaccounts", "system:serviceaccounts:<ns>"]: RBAC bindings to the
-        ServiceAccount subject match that user name.
+        """A kubeconfig authenticating as `user` in `groups`: an x509 client certificate, so the
+        user name is at most 64 characters. A service account: service_account_kubeconfig.
         """
         safe = "".join(c if c.isalnum() or c in "-." else "_" for c in user)
         digest = hashlib.sha256("\0".join(groups).encode()).hexdigest()[:10]
@@ -140,6 +137,19 @@ class ControlPlane:
                 path, self.server, self.ca.cert_pem, user, self.ca.client(user, list(groups))
             )
         return path
+
+    def service_account_kubeconfig(self, namespace: str, name: str) -> pathlib.Path:
+        """A kubeconfig for service account namespace/name (created if missing) holding a bound
+        token from the TokenRequest API: what a pod of that account holds."""
+        sa = {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": name, "namespace": namespace},
+        }
+        self.kubectl_ok("apply", "-f", "-", input=json.dumps(sa))
+        token = self.kubectl_ok("create", "token", name, "-n", namespace, "--duration=48h").stdout.strip()
+        path = self.dir / "kubeconfigs" / f"sa-{namespace}-{name}.kubeconfig"
+        return certs.write_kubeconfig(path, self.server, self.ca.cert_pem, f"{namespace}/{name}", token=token)
 
     def _ssl_admin(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=str(self.ca_file))

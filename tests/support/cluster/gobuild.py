@@ -87,14 +87,21 @@ def _build_into(spec: versions.GoBinary, out_dir: pathlib.Path) -> None:
         args = ["build", "-mod=readonly", *flags, "-o", str(out_dir / spec.name), spec.package]
         _run_go(args, wrapper, _go_env(spec.cgo), what)
         return
-    # `go install pkg@version` builds with exactly the module's own go.mod, outside any main module.
-    with tempfile.TemporaryDirectory(prefix="gobuild-") as scratch:
-        args = ["install", *flags, f"{spec.package}@{spec.version}"]
-        _run_go(args, pathlib.Path(scratch), _go_env(spec.cgo, GOBIN=str(out_dir)), what)
-    # go install names the binary after the package's last path element, minus a /vN suffix.
-    (built,) = [p for p in out_dir.iterdir() if p.is_file()]
-    if built.name != spec.name:
-        built.rename(out_dir / spec.name)
+    # Built inside the module's own directory of the module cache, so its own go.mod and go.sum
+    # decide every dependency, as `go install pkg@version` would. (`go install` itself is refused
+    # for some modules: it lists the module's versions to look for a deprecation notice, and the
+    # proxy answers 403 to that list for sigs.k8s.io/jobset.)
+    module_root = module_dir(spec.module, spec.version)
+    rel = spec.package.removeprefix(spec.module).lstrip("/") or "."
+    args = [
+        "build",
+        "-mod=readonly",
+        *flags,
+        "-o",
+        str(out_dir / spec.name),
+        f"./{rel}" if rel != "." else ".",
+    ]
+    _run_go(args, module_root, _go_env(spec.cgo), what)
 
 
 @contextlib.contextmanager

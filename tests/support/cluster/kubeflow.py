@@ -14,7 +14,7 @@ free ports, and its certificate management off (Trainer: `certManagement.enable:
 puts it where controller-runtime's webhook server reads it ($TMPDIR/k8s-webhook-server/serving-certs),
 and rewrites every webhook clientConfig from the in-cluster Service to `url: https://127.0.0.1:<port>`
 with the caBundle set. Each manager authenticates as its upstream service account
-(system:serviceaccount:<ns>:<name>) and is bound to its module's own ClusterRole, so it runs with
+(a bound token of service account <ns>/<name>) and is bound to its module's own ClusterRole, so it runs with
 exactly the permissions upstream grants it.
 """
 
@@ -77,10 +77,8 @@ class _Manager:
         self.tmpdir = self.dir / "tmp"
         cert_dir = self.tmpdir / "k8s-webhook-server" / "serving-certs"
         cert, key = certs.write_pair(cert_dir, "tls", serving)
-        self.user = f"system:serviceaccount:{namespace}:{service_account}"
-        self.kubeconfig = cp.kubeconfig_for(
-            self.user, ["system:serviceaccounts", f"system:serviceaccounts:{namespace}"]
-        )
+        self.namespace, self.service_account = namespace, service_account
+        self.kubeconfig = cp.service_account_kubeconfig(namespace, service_account)
         self.proc: procs.Process | None = None
 
     def start(self, argv: list[str]) -> None:
@@ -194,8 +192,7 @@ class TrainerStack:
             raise RuntimeError(f"{rbac_dir} has no ClusterRole {role_name!r}")
         role = roles[0]
         role["metadata"]["name"] = f"{mgr.name}-{role_name}"
-        _, _, rest = mgr.user.partition("system:serviceaccount:")
-        ns, _, sa = rest.partition(":")
+        ns, sa = mgr.namespace, mgr.service_account
         binding = {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRoleBinding",

@@ -157,6 +157,14 @@ def oci_archive(
     return out
 
 
+def archive_ref(archive: pathlib.Path) -> tuple[str, str]:
+    """(image name, manifest digest) of an OCI archive written by oci_archive."""
+    with tarfile.open(archive, "r:") as tar:  # uncompressed: headers are read, layer data skipped
+        index = json.load(tar.extractfile("index.json"))
+    (manifest,) = index["manifests"]
+    return manifest["annotations"]["io.containerd.image.name"], manifest["digest"]
+
+
 def _image_from_tree(out: pathlib.Path, name: str, root: pathlib.Path, config: dict) -> pathlib.Path:
     layer = tar_layer(root, out.with_suffix(".layer.tar"))
     try:

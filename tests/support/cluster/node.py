@@ -21,6 +21,7 @@ What this machine imposes, and how it is met:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import pathlib
@@ -78,6 +79,7 @@ class RealNode:
         self.procs: dict[str, procs.Process] = {}
         self._relays: list[_Relay] = []
         self._netns_before: set[pathlib.Path] = set()
+        self._store_lock = None
         self.started_in_s: float | None = None
 
     def __enter__(self) -> RealNode:
@@ -98,7 +100,9 @@ class RealNode:
         self.bin = node_binaries()
         self._cni_bin_dir = self._link_dir("cni-bin", tuple(versions.NODE_CNI_PLUGINS))
         self._write_cni_config()
+        self._claim_image_store()
         self._start_containerd()
+        self._forget_old_pods()
         cache = gobuild.cache_root() / "images"
         self.import_image(images.pause_archive(cache))
         self._start_kubelet()
@@ -121,6 +125,9 @@ class RealNode:
         self._clear_pod_cgroups()
         self._unmount_all()
         self._remove_netns()
+        if self._store_lock is not None:
+            self._store_lock.close()  # releases the image store's lock
+            self._store_lock = None
         shutil.rmtree(self.dir, ignore_errors=True)
         if self.cp is not None and getattr(self.cp, "server", ""):
             self.cp.kubectl("delete", "node", self.name, "--wait=false")
@@ -169,7 +176,7 @@ class RealNode:
     def _containerd_config(self) -> pathlib.Path:
         runtime = "plugins.'io.containerd.cri.v1.runtime'"
         text = f"""version = 3
-root = "{self.dir / "containerd-root"}"
+root = "{self._containerd_root}"
 state = "{self.dir / "containerd-state"}"
 
 [grpc]
@@ -227,9 +234,44 @@ state = "{self.dir / "containerd-state"}"
             raise RuntimeError(f"ctr {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
         return proc
 
-    def import_image(self, archive: pathlib.Path) -> None:
-        """Import an OCI archive; the image keeps the name its index.json annotates."""
+    def import_image(self, archive: pathlib.Path) -> bool:
+        """Import an OCI archive under the name its index.json annotates; False when already there.
+
+        containerd's content store and snapshots outlive the node (see _claim_image_store), so an
+        image imported by an earlier run with the same manifest digest is not imported again.
+        """
+        name, digest = images.archive_ref(archive)
+        for line in self.ctr("images", "ls").stdout.splitlines()[1:]:
+            fields = line.split()
+            if fields[:1] == [name] and digest in fields:
+                return False
         self.ctr("images", "import", "--no-unpack=false", "--snapshotter=overlayfs", str(archive))
+        return True
+
+    def _claim_image_store(self) -> None:
+        # containerd's root (content store, metadata, overlay snapshots) lives in the cache, so a
+        # 6 GB component image is imported and unpacked once per machine, not once per session.
+        # One node at a time may use it (containerd holds its database open): a file lock says so.
+        self._containerd_root = gobuild.cache_root() / "node" / "containerd-root"
+        self._containerd_root.mkdir(parents=True, exist_ok=True)
+        self._store_lock = open(self._containerd_root.parent / ".lock", "w")
+        try:
+            fcntl.flock(self._store_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._store_lock.close()
+            self._store_lock = None
+            raise RuntimeError(
+                f"{self._containerd_root} is in use by another RealNode on this machine"
+            ) from None
+
+    def _forget_old_pods(self) -> None:
+        # Containers and sandboxes recorded by an earlier node (killed before its teardown) are
+        # deleted before the kubelet starts; their processes and mounts died with that run.
+        for ident in self.ctr("containers", "ls", "-q", check=False, timeout=60).stdout.split():
+            self.ctr("containers", "rm", ident, check=False, timeout=60)
+        listing = self.ctr("sandboxes", "ls", check=False, timeout=60).stdout.splitlines()[1:]
+        for ident in (line.split()[0] for line in listing if line.strip()):
+            self.ctr("sandboxes", "rm", "--force", ident, check=False, timeout=60)
 
     # -- kubelet ---------------------------------------------------------------------------
     def _make_bridge(self) -> None:

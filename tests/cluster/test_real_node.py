@@ -21,7 +21,20 @@ from cifar10_kfp.embedded_store import EmbeddedObjectStore
 from tests.support.cluster import gobuild, images, procs, trainimage, versions
 from tests.support.cluster.node import NODE_LABEL, RealNode
 
-pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is needed for the pause image")
+
+def _missing_prerequisite() -> str | None:
+    if os.geteuid() != 0:
+        return "a real node needs root (containerd, runc, cgroups, a bridge)"
+    if shutil.which("gcc") is None:
+        return "gcc is missing: the sandbox (pause) image is compiled from the kubernetes module's pause.c"
+    if not pathlib.Path("/usr/include/seccomp.h").is_file():
+        return "libseccomp-dev is missing: runc is built with seccomp (apt-get install libseccomp-dev)"
+    if not pathlib.Path("/bin/busybox").is_file():
+        return "busybox-static is missing: the smoke pods' image (apt-get install busybox-static)"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_missing_prerequisite() is not None, reason=str(_missing_prerequisite()))
 
 
 @pytest.fixture(scope="session")
@@ -239,6 +252,7 @@ def _job_finished(cp, node) -> dict:
 
 @pytest.mark.timeout(2400)  # first run: the component image is built (~4 min) and imported
 @pytest.mark.skipif(not DATASET.is_file(), reason="the CIFAR-10 archive of ../shared is missing")
+@pytest.mark.skipif(shutil.which("debootstrap") is None, reason="debootstrap is missing: the image's base")
 def test_standalone_train_job_completes_on_the_real_node(
     control_plane, real_node, train_image, store, tmp_path
 ):

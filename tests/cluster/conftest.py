@@ -60,15 +60,18 @@ def pytest_runtest_logreport(report):
 
 
 def _table_lines() -> list[str]:
-    lines = [f"{'component':30} {'version':10} first build", f"{'-' * 30} {'-' * 10} -----------"]
+    # build.json keeps how long the build that made the cached binary took: the cold first build,
+    # or a relink when the Go build cache was already warm.
+    lines = [f"{'component':30} {'version':10} built in", f"{'-' * 30} {'-' * 10} --------"]
     for name, version in versions.components():
         seconds = gobuild.build_seconds(name, version)
         lines.append(f"{name:30} {version:10} {'not built' if seconds is None else f'{seconds:.0f} s'}")
     lines.append("")
     for what, seconds in _TIMINGS.items():
         lines.append(f"{what:41} {seconds:.0f} s")
-    lines += ["", f"{'scenario':70} result", f"{'-' * 70} ------"]
-    lines += [f"{name[:70]:70} {outcome} ({duration:.1f} s)" for name, outcome, duration in _RESULTS]
+    width = max(len(name) for name, _, _ in _RESULTS)
+    lines += ["", f"{'scenario':{width}} result", f"{'-' * width} ------"]
+    lines += [f"{name:{width}} {outcome} ({duration:.1f} s)" for name, outcome, duration in _RESULTS]
     return lines
 
 

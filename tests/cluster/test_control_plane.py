@@ -54,15 +54,23 @@ def test_rbac_refuses_an_unbound_user_and_allows_a_bound_one(control_plane, clus
     assert control_plane.kubectl("get", "pods", "-n", "default", kubeconfig=alice).returncode != 0
 
 
-def test_node_restriction_keeps_a_node_to_itself(control_plane):
+def test_node_authorizer_and_node_restriction_keep_a_node_to_itself(control_plane):
     node0 = control_plane.kubeconfig_for("system:node:kwok-cpu-0", ["system:nodes"])
-    patch = json.dumps({"metadata": {"labels": {"stolen": "yes"}}})
-    own = control_plane.kubectl("patch", "node", "kwok-cpu-0", "-p", patch, kubeconfig=node0)
-    other = control_plane.kubectl("patch", "node", "kwok-cpu-1", "-p", patch, kubeconfig=node0)
+
+    def label(node: str, key: str):
+        patch = json.dumps({"metadata": {"labels": {key: "yes"}}})
+        return control_plane.kubectl("patch", "node", node, "-p", patch, kubeconfig=node0)
+
+    # The Node authorizer: a node reads and writes only its own Node object.
+    other = label("kwok-cpu-1", "stolen")
     assert other.returncode != 0
-    assert "kwok-cpu-1" in other.stderr and ("not allowed" in other.stderr or "forbidden" in other.stderr)
-    # Its own node is its to label, unless the label is one NodeRestriction protects; "stolen" is not.
+    assert "node 'kwok-cpu-0' cannot read 'kwok-cpu-1', only its own Node object" in other.stderr
+    own = label("kwok-cpu-0", "example.com/pool")
     assert own.returncode == 0, own.stderr
+    # NodeRestriction admission: not even its own node may take a node-restriction.kubernetes.io/ label.
+    protected = label("kwok-cpu-0", "node-restriction.kubernetes.io/pool")
+    assert protected.returncode != 0
+    assert "is not allowed to modify labels: node-restriction.kubernetes.io/pool" in protected.stderr
 
 
 def test_pod_security_restricted_refuses_a_privileged_pod(control_plane):

@@ -23,8 +23,6 @@ import time
 from tests.support.cluster import certs, gobuild, kwok_stages, procs, versions
 
 SERVICE_CIDR = "10.0.0.0/24"
-KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
-GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 _START_TIMEOUT_S = 180.0
 
 
@@ -50,11 +48,21 @@ class ControlPlane:
 
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> ControlPlane:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
+        # A free port is found by binding port 0 and releasing it; another process can take it
+        # before the component binds. That one race gets a second, clean attempt.
+        for attempt in (1, 2):
+            try:
+                self.start()
+                return self
+            except Exception as exc:
+                self._stop_processes()
+                if attempt == 2 or "address already in use" not in str(exc):
+                    self.stop()
+                    raise
+                shutil.rmtree(self.dir / "etcd", ignore_errors=True)
+            except BaseException:
+                self.stop()
+                raise
         return self
 
     def __exit__(self, *exc) -> None:
@@ -89,9 +97,12 @@ class ControlPlane:
         )
         self.started_in_s = round(time.monotonic() - started, 1)
 
-    def stop(self) -> None:
+    def _stop_processes(self) -> None:
         for name in reversed(list(self.procs)):
             self.procs.pop(name).stop()
+
+    def stop(self) -> None:
+        self._stop_processes()
         if self._own_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -275,37 +286,18 @@ class ControlPlane:
             str(binary),
             f"--kubeconfig={kubeconfig}",
             f"--config={config}",
-            f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
+            f"--manage-nodes-with-annotation-selector={kwok_stages.KWOK_NODE_ANNOTATION}=fake",
             "--node-lease-duration-seconds=40",
             "--cidr=10.244.0.0/16",
             "--node-ip=127.0.0.1",
         ]
         self.procs["kwok"] = procs.Process("kwok", argv, self.dir / "logs")
 
-    def _node(self, name: str, gpus: int) -> dict:
-        capacity = {"cpu": "16", "memory": "64Gi", "pods": "110", "ephemeral-storage": "200Gi"}
-        labels = {
-            "kubernetes.io/hostname": name,
-            "kubernetes.io/os": "linux",
-            "kubernetes.io/arch": "amd64",
-            "type": "kwok",
-        }
-        spec: dict = {}
-        if gpus:
-            capacity["nvidia.com/gpu"] = str(gpus)
-            labels["nvidia.com/gpu.present"] = "true"
-            spec["taints"] = [GPU_TAINT]
-        return {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {"name": name, "labels": labels, "annotations": {KWOK_NODE_ANNOTATION: "fake"}},
-            "spec": spec,
-            "status": {"capacity": capacity, "allocatable": capacity},
-        }
-
     def _create_nodes(self) -> None:
-        nodes = [self._node(f"kwok-cpu-{i}", 0) for i in range(self.cpu_nodes)]
-        nodes += [self._node(f"kwok-gpu-{i}", self.gpus_per_node) for i in range(self.gpu_nodes)]
+        nodes = [kwok_stages.node_manifest(f"kwok-cpu-{i}", 0) for i in range(self.cpu_nodes)]
+        nodes += [
+            kwok_stages.node_manifest(f"kwok-gpu-{i}", self.gpus_per_node) for i in range(self.gpu_nodes)
+        ]
         self.node_names = [n["metadata"]["name"] for n in nodes]
         self.kubectl_ok(
             "create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": nodes})

@@ -29,6 +29,8 @@ import pathlib
 
 import yaml
 
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"  # kwok manages nodes with this annotation = "fake"
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 SUCCEED_LABEL = "cluster.cifar10-kfp.test/outcome"
 FAIL_LABEL = "pod-container-running-failed.stage.kwok.x-k8s.io"
 FAIL_ANNOTATION_PREFIX = "pod-container-running-failed.stage.kwok.x-k8s.io/"
@@ -83,3 +85,27 @@ def write_config(
 ) -> pathlib.Path:
     path.write_text(yaml.safe_dump_all(stages(kwok_module_dir, auto_complete), sort_keys=False))
     return path
+
+
+def node_manifest(name: str, gpus: int) -> dict:
+    """A Node for kwok to manage; with gpus, nvidia.com/gpu capacity and the usual GPU taint."""
+    capacity = {"cpu": "16", "memory": "64Gi", "pods": "110", "ephemeral-storage": "200Gi"}
+    labels = {
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "type": "kwok",
+    }
+    spec: dict = {}
+    if gpus:
+        capacity["nvidia.com/gpu"] = str(gpus)
+        labels["nvidia.com/gpu.present"] = "true"
+        spec["taints"] = [GPU_TAINT]
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels, "annotations": {KWOK_NODE_ANNOTATION: "fake"}},
+        "spec": spec,
+        # kwok's node-initialize stage keeps a node's own capacity and allocatable.
+        "status": {"capacity": capacity, "allocatable": capacity},
+    }

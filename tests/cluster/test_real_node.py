@@ -19,7 +19,7 @@ import pytest
 
 from cifar10_kfp.embedded_store import EmbeddedObjectStore
 from tests.support.cluster import gobuild, images, procs, trainimage, versions
-from tests.support.cluster.node import NODE_LABEL, RealNode
+from tests.support.cluster.node import NODE_LABEL, NODE_TOLERATION, RealNode
 
 
 def _missing_prerequisite() -> str | None:
@@ -37,7 +37,9 @@ def _missing_prerequisite() -> str | None:
 pytestmark = pytest.mark.skipif(_missing_prerequisite() is not None, reason=str(_missing_prerequisite()))
 
 
-@pytest.fixture(scope="session")
+# Module scope: the node leaves the control plane after these tests, so the kwok-based tests that
+# follow see only kwok nodes.
+@pytest.fixture(scope="module")
 def real_node(control_plane):
     from tests.cluster import conftest  # the closing table's timings
 
@@ -55,6 +57,7 @@ def _pod(name: str, node: RealNode, script: str, **security) -> dict:
         "spec": {
             "restartPolicy": "Never",
             "nodeSelector": {NODE_LABEL: "true"},
+            "tolerations": [NODE_TOLERATION],
             "automountServiceAccountToken": False,
             "containers": [
                 {
@@ -81,6 +84,7 @@ def test_real_node_registers_with_pinned_versions(control_plane, real_node):
     # The CRI reports the release without its "v" (as on any containerd node).
     assert info["containerRuntimeVersion"] == f"containerd://{versions.CONTAINERD.lstrip('v')}"
     assert node["metadata"]["labels"][NODE_LABEL] == "true"
+    assert {"key": NODE_LABEL, "value": "true", "effect": "NoSchedule"} in node["spec"]["taints"]
     ready = {c["type"]: c["status"] for c in node["status"]["conditions"]}
     assert ready["Ready"] == "True", node["status"]["conditions"]
     # Capacity is the machine's, measured by the kubelet (kwok nodes declare theirs).
@@ -180,6 +184,7 @@ def _overlay(directory: pathlib.Path, endpoint: str) -> pathlib.Path:
     job_patch = [
         *cpu,
         {"op": "add", "path": "/spec/template/spec/nodeSelector", "value": {NODE_LABEL: "true"}},
+        {"op": "add", "path": "/spec/template/spec/tolerations/-", "value": NODE_TOLERATION},
         {
             "op": "add",
             "path": "/spec/template/spec/initContainers/0/args/-",
@@ -266,16 +271,19 @@ def test_standalone_train_job_completes_on_the_real_node(
     cp.kubectl_ok("apply", "-k", str(overlay))
     try:
         job = _job_finished(cp, real_node)
+        pods = json.loads(
+            cp.kubectl_ok("get", "pods", "-n", NAMESPACE, "-l", f"job-name={JOB}", "-o", "json").stdout
+        )
     finally:
         for container in ("prepare-data", "train", "publish"):
             logs = cp.kubectl("logs", "-n", NAMESPACE, f"job/{JOB}", "-c", container, "--tail=30")
             print(f"--- {container}:\n{logs.stdout}{logs.stderr}")
+        # The control plane is shared with later tests (deploy/ dry runs use the same names).
+        cp.kubectl("delete", "-k", str(overlay), "--wait=false")
+        cp.kubectl("delete", "secret", "mlpipeline-minio-artifact", "-n", NAMESPACE, "--wait=false")
     conditions = {c["type"]: c for c in job["status"]["conditions"]}
     assert "Complete" in conditions, json.dumps(job["status"], indent=1)
     assert job["status"]["succeeded"] == 1
-    pods = json.loads(
-        cp.kubectl_ok("get", "pods", "-n", NAMESPACE, "-l", f"job-name={JOB}", "-o", "json").stdout
-    )
     assert {p["spec"]["nodeName"] for p in pods["items"]} == {real_node.name}
     # The publish step wrote a model version and its pointer into the object store on this machine.
     objects = store.store().list(f"s3://{store.bucket}/cifar10-kfp/models/cifar10-classifier/")

@@ -35,6 +35,10 @@ import time
 from tests.support.cluster import gobuild, images, procs, versions
 
 NODE_LABEL = "cifar10-kfp.dev/real-node"
+#: The node is tainted so that only pods meant for it (tolerating this) land there: the kwok-based
+#: tests schedule pods without a nodeSelector, and on this node they would really run.
+NODE_TAINT = {"key": NODE_LABEL, "value": "true", "effect": "NoSchedule"}
+NODE_TOLERATION = {"key": NODE_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"}
 POD_SUBNET = "10.88.0.0/16"
 BRIDGE = "cifar10kfp0"
 HOST_IP = "10.88.0.1"  # the bridge's own address: pods reach host services here
@@ -323,6 +327,7 @@ state = "{self.dir / "containerd-state"}"
             "resolvConf": "/etc/resolv.conf",
             "serializeImagePulls": False,
             "fileCheckFrequency": "5s",
+            "registerWithTaints": [NODE_TAINT],
         }
         path = self.dir / "kubelet-config.json"
         path.write_text(json.dumps(config, indent=1))

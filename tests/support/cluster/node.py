@@ -20,19 +20,16 @@ What this machine imposes, and how it is met:
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
-import os
 import pathlib
 import shutil
 import socket
 import subprocess
 import tempfile
-import threading
 import time
 
-from tests.support.cluster import gobuild, images, procs, versions
+from tests.support.cluster import gobuild, images, nodeclean, procs, relay, versions
 
 NODE_LABEL = "cifar10-kfp.dev/real-node"
 #: The node is tainted so that only pods meant for it (tolerating this) land there: the kwok-based
@@ -43,8 +40,6 @@ POD_SUBNET = "10.88.0.0/16"
 BRIDGE = "cifar10kfp0"
 HOST_IP = "10.88.0.1"  # the bridge's own address: pods reach host services here
 _START_TIMEOUT_S = 180.0
-_NETNS = pathlib.Path("/run/netns")  # where containerd pins each sandbox's network namespace
-_CGROUP_ROOT = pathlib.Path("/sys/fs/cgroup")
 _NODE_BINARIES = ("kubelet", "containerd", "containerd-shim-runc-v2", "ctr", "runc")
 
 
@@ -81,7 +76,7 @@ class RealNode:
         # Short: containerd's and the shims' unix sockets live under it.
         self.dir = pathlib.Path(tempfile.mkdtemp(prefix="c10n-", dir="/tmp"))
         self.procs: dict[str, procs.Process] = {}
-        self._relays: list[_Relay] = []
+        self._relays: list[relay.Relay] = []
         self._netns_before: set[pathlib.Path] = set()
         self._store_lock = None
         self.started_in_s: float | None = None
@@ -100,7 +95,7 @@ class RealNode:
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
         started = time.monotonic()
-        self._netns_before = set(_NETNS.glob("cni-*")) if _NETNS.is_dir() else set()
+        self._netns_before = nodeclean.sandbox_netns()
         self.bin = node_binaries()
         self._cni_bin_dir = self._link_dir("cni-bin", tuple(versions.NODE_CNI_PLUGINS))
         self._write_cni_config()
@@ -114,8 +109,8 @@ class RealNode:
         self.started_in_s = round(time.monotonic() - started, 1)
 
     def stop(self) -> None:
-        for relay in self._relays:
-            relay.close()
+        for one in self._relays:
+            one.close()
         self._relays.clear()
         # The kubelet first (so it stops restarting pods), then the pods themselves, then containerd.
         kubelet = self.procs.pop("kubelet", None)
@@ -125,10 +120,10 @@ class RealNode:
             self._remove_all_pods()
         for name in reversed(list(self.procs)):
             self.procs.pop(name).stop()
-        self._kill_shims()
-        self._clear_pod_cgroups()
+        nodeclean.kill_shims(self.dir)
+        nodeclean.clear_pod_cgroups()
         self._unmount_all()
-        self._remove_netns()
+        nodeclean.remove_netns(self._netns_before)
         if self._store_lock is not None:
             self._store_lock.close()  # releases the image store's lock
             self._store_lock = None
@@ -368,62 +363,8 @@ state = "{self.dir / "containerd-state"}"
         for task in tasks:
             self.ctr("tasks", "delete", "--force", task, check=False, timeout=30)
 
-    def _kill_shims(self) -> None:
-        # The shims detach from containerd's process group (so containers survive a containerd
-        # restart); find this node's by the socket in their command line, and end them by pid.
-        marker = str(self.dir).encode()
-        for entry in pathlib.Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if marker in cmdline and b"containerd-shim" in cmdline:
-                try:
-                    os.kill(int(entry.name), 9)
-                except ProcessLookupError:
-                    pass
-
-    def _clear_pod_cgroups(self) -> None:
-        # What is left in the kubelet's pod cgroups (a container whose shim was killed) is ended by
-        # pid, then the empty cgroups are removed, deepest first, so the next node starts clean.
-        for proc_file in (_CGROUP_ROOT / "pids" / "kubepods").rglob("cgroup.procs"):
-            for pid in proc_file.read_text().split():
-                try:
-                    os.kill(int(pid), 9)
-                except ProcessLookupError:
-                    pass
-        for hierarchy in _CGROUP_ROOT.iterdir():
-            top = hierarchy / "kubepods"
-            if top.is_dir():
-                for directory in sorted(
-                    (d for d in top.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts)
-                ):
-                    with contextlib.suppress(OSError):
-                        directory.rmdir()
-                with contextlib.suppress(OSError):
-                    top.rmdir()
-
-    def _remove_netns(self) -> None:
-        if not _NETNS.is_dir():
-            return
-        for netns in set(_NETNS.glob("cni-*")) - self._netns_before:
-            subprocess.run(["umount", str(netns)], capture_output=True)
-            with contextlib.suppress(OSError):
-                netns.unlink()
-
     def _unmount_all(self) -> None:
-        # Overlay rootfs, emptyDir tmpfs and netns bind mounts under the node's directory.
-        prefix = str(self.dir) + "/"
-        points = []
-        with open("/proc/self/mountinfo") as fh:
-            for line in fh:
-                point = line.split()[4]
-                if point.startswith(prefix):
-                    points.append(point)
-        for point in sorted(points, key=len, reverse=True):
-            subprocess.run(["umount", "-l", point], capture_output=True)
+        nodeclean.unmount_under(self.dir)
         if getattr(self, "_own_bridge", False):
             subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
             self._own_bridge = False
@@ -451,69 +392,5 @@ state = "{self.dir / "containerd-state"}"
         bridge address passes the bytes through unchanged, so an S3 request signed for host:port
         verifies at the store.
         """
-        relay = _Relay((HOST_IP, port), ("127.0.0.1", target_port))
-        self._relays.append(relay)
+        self._relays.append(relay.Relay((HOST_IP, port), ("127.0.0.1", target_port)))
         return f"{HOST_IP}:{port}"
-
-
-class _Relay:
-    """A TCP relay: one accept thread, two pump threads per connection; closed with the node."""
-
-    def __init__(self, listen: tuple[str, int], target: tuple[str, int]):
-        self.target = target
-        self.server = socket.create_server(listen, reuse_port=False)
-        self.server.settimeout(0.5)
-        self._closed = threading.Event()
-        threading.Thread(target=self._accept, daemon=True, name=f"relay-{listen[1]}").start()
-
-    def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                conn, _ = self.server.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(self.target, timeout=10)
-            except OSError:
-                conn.close()
-                continue
-            upstream.settimeout(None)
-            conn.settimeout(None)
-            pair = _Pair(conn, upstream)
-            for src, dst in ((conn, upstream), (upstream, conn)):
-                threading.Thread(target=_pump, args=(src, dst, pair), daemon=True).start()
-
-    def close(self) -> None:
-        self._closed.set()
-        self.server.close()
-
-
-class _Pair:
-    """Both sockets of a relayed connection, closed when both directions are done."""
-
-    def __init__(self, *socks: socket.socket):
-        self.socks, self.left, self.lock = socks, 2, threading.Lock()
-
-    def done(self) -> None:
-        with self.lock:
-            self.left -= 1
-            if self.left == 0:
-                for sock in self.socks:
-                    sock.close()
-
-
-def _pump(src: socket.socket, dst: socket.socket, pair: _Pair) -> None:
-    try:
-        while data := src.recv(1 << 16):
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for sock, how in ((dst, socket.SHUT_WR), (src, socket.SHUT_RD)):
-            try:
-                sock.shutdown(how)
-            except OSError:
-                pass
-        pair.done()

@@ -46,9 +46,9 @@ def _go() -> str:
     return go
 
 
-def _go_env(**extra: str) -> dict[str, str]:
+def _go_env(cgo: bool = False, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    env.update(CGO_ENABLED="0", GOFLAGS=_GOFLAGS, GOTOOLCHAIN="local")
+    env.update(CGO_ENABLED="1" if cgo else "0", GOFLAGS=_GOFLAGS, GOTOOLCHAIN="local")
     env.update(extra)
     return env
 
@@ -56,6 +56,12 @@ def _go_env(**extra: str) -> dict[str, str]:
 def _recipe(spec: versions.GoBinary) -> dict:
     recipe = dataclasses.asdict(spec)
     recipe["ldflags"] = list(spec.ldflags)
+    # tags and cgo join the recipe only when set, so binaries stamped before these fields existed
+    # (all cgo-free, untagged) are not rebuilt.
+    recipe["tags"] = list(spec.tags)
+    for field in ("tags", "cgo"):
+        if not recipe[field]:
+            del recipe[field]
     if spec.wrapper:
         # The wrapper's go.mod/go.sum are the pin: a change to them must rebuild.
         wrapper = GOMOD_DIR / spec.wrapper
@@ -75,10 +81,11 @@ def _run_go(args: list[str], cwd: pathlib.Path, env: dict[str, str], what: str) 
 def _build_into(spec: versions.GoBinary, out_dir: pathlib.Path) -> None:
     ldflags = " ".join(("-s", "-w", *spec.ldflags))
     what = f"{spec.name} {spec.version}"
+    flags = ["-ldflags", ldflags, *(["-tags", ",".join(spec.tags)] if spec.tags else [])]
     if spec.wrapper:
         wrapper = GOMOD_DIR / spec.wrapper
-        args = ["build", "-mod=readonly", "-ldflags", ldflags, "-o", str(out_dir / spec.name), spec.package]
-        _run_go(args, wrapper, _go_env(), what)
+        args = ["build", "-mod=readonly", *flags, "-o", str(out_dir / spec.name), spec.package]
+        _run_go(args, wrapper, _go_env(spec.cgo), what)
         return
     # Built inside the module's own directory of the module cache, so its own go.mod and go.sum
     # decide every dependency, as `go install pkg@version` would. (`go install` itself is refused
@@ -89,13 +96,12 @@ def _build_into(spec: versions.GoBinary, out_dir: pathlib.Path) -> None:
     args = [
         "build",
         "-mod=readonly",
-        "-ldflags",
-        ldflags,
+        *flags,
         "-o",
         str(out_dir / spec.name),
         f"./{rel}" if rel != "." else ".",
     ]
-    _run_go(args, module_root, _go_env(), what)
+    _run_go(args, module_root, _go_env(spec.cgo), what)
 
 
 @contextlib.contextmanager

@@ -15,6 +15,9 @@ downloaded from anywhere else. Why these versions:
   v0.3.0 here ("403 Forbidden ... This module version is not available"); v0.3.0 is the newest it
   serves, with the same proxy command, embedmd datastore and /api/model_registry/v1alpha3 API as
   v0.3.4. The Python client is pinned to match (pyproject.toml: model-registry==0.3.0).
+- The real node: the kubelet at the control plane's release; containerd v2.4.2, runc v1.5.3 and the
+  CNI plugins v1.10.0, the newest releases the proxy serves (containerd 2.4 speaks the CRI v1 the
+  v1.36 kubelet requires).
 """
 
 from __future__ import annotations
@@ -30,6 +33,14 @@ TRAINER_MODULE = "github.com/kubeflow/trainer/v2"
 KWOK_MODULE = "sigs.k8s.io/kwok"
 MODEL_REGISTRY = "v0.3.0"
 MODEL_REGISTRY_MODULE = "github.com/kubeflow/model-registry"
+# The real node (node.py): containerd, runc and the CNI plugins the kubelet drives.
+CONTAINERD = "v2.4.2"
+CONTAINERD_MODULE = "github.com/containerd/containerd/v2"
+RUNC = "v1.5.3"
+CNI_PLUGINS = "v1.10.0"
+CNI_PLUGINS_MODULE = "github.com/containernetworking/plugins"
+#: The CNI plugins the node's bridge network uses, by their directory under plugins/.
+NODE_CNI_PLUGINS = {"bridge": "main", "loopback": "main", "host-local": "ipam", "portmap": "meta"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +59,9 @@ class GoBinary:
     package: str
     wrapper: str | None = None
     ldflags: tuple[str, ...] = ()
+    # Build tags, and whether cgo is on: runc alone needs cgo (its nsexec is C, seccomp is libseccomp).
+    tags: tuple[str, ...] = ()
+    cgo: bool = False
 
 
 def _kube_version_ldflags(version: str) -> tuple[str, ...]:
@@ -65,15 +79,30 @@ def _kube_version_ldflags(version: str) -> tuple[str, ...]:
     return tuple(flags)
 
 
-def _kube(name: str) -> GoBinary:
+def _kube(name: str, wrapper: str = "kubernetes") -> GoBinary:
     return GoBinary(
         name=name,
         module="k8s.io/kubernetes",
         version=KUBERNETES,
         package=f"k8s.io/kubernetes/cmd/{name}",
-        wrapper="kubernetes",
+        wrapper=wrapper,
         ldflags=_kube_version_ldflags(KUBERNETES),
     )
+
+
+def _containerd(name: str) -> GoBinary:
+    return GoBinary(
+        name,
+        CONTAINERD_MODULE,
+        CONTAINERD,
+        f"{CONTAINERD_MODULE}/cmd/{name}",
+        ldflags=(f"-X {CONTAINERD_MODULE}/version.Version={CONTAINERD}",),
+        tags=("urfave_cli_no_docs",),
+    )
+
+
+def _cni(name: str, kind: str) -> GoBinary:
+    return GoBinary(name, CNI_PLUGINS_MODULE, CNI_PLUGINS, f"{CNI_PLUGINS_MODULE}/plugins/{kind}/{name}")
 
 
 def _jobset(version: str) -> GoBinary:
@@ -111,6 +140,23 @@ _ALL: tuple[GoBinary, ...] = (
     GoBinary(
         "model-registry", MODEL_REGISTRY_MODULE, MODEL_REGISTRY, MODEL_REGISTRY_MODULE, "model-registry"
     ),
+    # The real node. The kubelet has a wrapper of its own (gomod/kubelet): it needs modules the
+    # control plane does not, and growing gomod/kubernetes/go.sum would rebuild the control plane.
+    _kube("kubelet", wrapper="kubelet"),
+    _containerd("containerd"),
+    _containerd("ctr"),
+    _containerd("containerd-shim-runc-v2"),
+    # runc as its Makefile builds it, minus the libpathrs tag (a Rust library Debian does not ship;
+    # without it runc uses its Go path-safety code): cgo on, seccomp through Debian's libseccomp-dev.
+    GoBinary(
+        "runc",
+        "github.com/opencontainers/runc",
+        RUNC,
+        "github.com/opencontainers/runc",
+        tags=("seccomp", "urfave_cli_no_docs"),
+        cgo=True,
+    ),
+    *(_cni(name, kind) for name, kind in NODE_CNI_PLUGINS.items()),
 )
 
 #: name -> version -> how to build it. The first version listed for a name is its default.

@@ -1,0 +1,291 @@
+"""A real node (kubelet + containerd + runc + CNI bridge) joins the real control plane and runs pods.
+
+Unlike the kwok nodes, nothing here is simulated: the kubelet registers itself with a node client
+certificate (NodeRestriction applies), containerd pulls nothing (images are imported from OCI
+archives built here), runc starts real processes in cgroups, and the exit code and logs a test reads
+come from those processes.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pathlib
+import shutil
+import time
+
+import pytest
+
+from cifar10_kfp.embedded_store import EmbeddedObjectStore
+from tests.support.cluster import gobuild, images, procs, trainimage, versions
+from tests.support.cluster.node import NODE_LABEL, NODE_TOLERATION, RealNode
+
+
+def _missing_prerequisite() -> str | None:
+    if os.geteuid() != 0:
+        return "a real node needs root (containerd, runc, cgroups, a bridge)"
+    if shutil.which("gcc") is None:
+        return "gcc is missing: the sandbox (pause) image is compiled from the kubernetes module's pause.c"
+    if not pathlib.Path("/usr/include/seccomp.h").is_file():
+        return "libseccomp-dev is missing: runc is built with seccomp (apt-get install libseccomp-dev)"
+    if not pathlib.Path("/bin/busybox").is_file():
+        return "busybox-static is missing: the smoke pods' image (apt-get install busybox-static)"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_missing_prerequisite() is not None, reason=str(_missing_prerequisite()))
+
+
+# Module scope: the node leaves the control plane after these tests, so the kwok-based tests that
+# follow see only kwok nodes.
+@pytest.fixture(scope="module")
+def real_node(control_plane):
+    from tests.cluster import conftest  # the closing table's timings
+
+    with RealNode(control_plane) as node:
+        conftest._TIMINGS["real node start"] = node.started_in_s
+        node.import_image(images.busybox_archive(gobuild.cache_root() / "images"))
+        yield node
+
+
+def _pod(name: str, node: RealNode, script: str, **security) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": {NODE_LABEL: "true"},
+            "tolerations": [NODE_TOLERATION],
+            "automountServiceAccountToken": False,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": images.BUSYBOX_IMAGE,
+                    "imagePullPolicy": "Never",  # there is no registry: the image must be on the node
+                    "command": ["/bin/sh", "-c", script],
+                    "securityContext": security,
+                }
+            ],
+        },
+    }
+
+
+def _run_pod(cp, namespace: str, pod: dict, phase: str) -> dict:
+    cp.kubectl_ok("apply", "-n", namespace, "-f", "-", input=json.dumps(pod))
+    return cp.wait_pod_phase(namespace, pod["metadata"]["name"], phase, timeout_s=120)
+
+
+def test_real_node_registers_with_pinned_versions(control_plane, real_node):
+    node = json.loads(control_plane.kubectl_ok("get", "node", real_node.name, "-o", "json").stdout)
+    info = node["status"]["nodeInfo"]
+    assert info["kubeletVersion"] == versions.KUBERNETES
+    # The CRI reports the release without its "v" (as on any containerd node).
+    assert info["containerRuntimeVersion"] == f"containerd://{versions.CONTAINERD.lstrip('v')}"
+    assert node["metadata"]["labels"][NODE_LABEL] == "true"
+    assert {"key": NODE_LABEL, "value": "true", "effect": "NoSchedule"} in node["spec"]["taints"]
+    ready = {c["type"]: c["status"] for c in node["status"]["conditions"]}
+    assert ready["Ready"] == "True", node["status"]["conditions"]
+    # Capacity is the machine's, measured by the kubelet (kwok nodes declare theirs).
+    assert int(node["status"]["capacity"]["cpu"]) >= 1
+    assert "nvidia.com/gpu" not in node["status"]["capacity"]
+
+
+def test_pod_runs_to_succeeded_on_the_real_node(control_plane, real_node, cluster_namespace):
+    script = "id -u; cat /proc/1/cgroup | head -3; echo real-node-says-hello"
+    pod = _run_pod(
+        control_plane,
+        cluster_namespace,
+        _pod("hello", real_node, script, runAsUser=1000, runAsNonRoot=True),
+        "Succeeded",
+    )
+    assert pod["spec"]["nodeName"] == real_node.name
+    (status,) = pod["status"]["containerStatuses"]
+    assert status["state"]["terminated"]["exitCode"] == 0
+    assert status["imageID"]  # containerd resolved the imported image
+    assert pod["status"]["podIP"].startswith("10.88.")  # an address from the CNI bridge
+    logs = control_plane.kubectl_ok("logs", "-n", cluster_namespace, "hello").stdout.split("\n")
+    assert logs[0] == "1000"  # the process really ran as the requested user
+    assert "real-node-says-hello" in logs
+
+
+def test_failing_container_fails_the_pod_with_its_exit_code(control_plane, real_node, cluster_namespace):
+    pod = _run_pod(control_plane, cluster_namespace, _pod("fails", real_node, "exit 7"), "Failed")
+    (status,) = pod["status"]["containerStatuses"]
+    assert status["state"]["terminated"]["exitCode"] == 7
+
+
+def test_pod_reaches_the_host_through_the_bridge(control_plane, real_node, cluster_namespace):
+    # The path a pod takes to the object store on this machine: the bridge's gateway address.
+    pod = _run_pod(
+        control_plane,
+        cluster_namespace,
+        _pod("route", real_node, f"ip route; ping -c 1 -W 5 {real_node.host_ip}"),
+        "Succeeded",
+    )
+    logs = control_plane.kubectl_ok("logs", "-n", cluster_namespace, "route").stdout
+    assert f"default via {real_node.host_ip}" in logs, logs
+    assert pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+
+
+# -- stage 3.1: the standalone Job -------------------------------------------------------
+#
+# Stage 3.1 of the real cluster: `kubectl apply -k deploy/train-job` runs for real.
+#
+# The committed Job (prepare-data -> train -> publish in one pod) runs on the real node, in the
+# component image built here from images/train/Dockerfile's steps (trainimage.py) and imported under
+# the name the YAML uses, against the embedded object store on this machine. The overlay changes
+# only what this machine forces:
+# - the dataset: the real CIFAR-10 archive in the store (no internet), 1,000 train images, 1 epoch;
+# - MINIO_ENDPOINT: the store as the node's pods reach it (there is no seaweedfs.kubeflow Service);
+# - CPU requests: the node has two cores, the Job asks four for train;
+# - a nodeSelector for the real node (the kwok GPU nodes would otherwise be chosen);
+# - MIN_ACCURACY 0: a one-epoch model must still be published for the test to see a model.
+# The one-GPU requests stay: the node advertises one nvidia.com/gpu as an extended resource (no
+# device plugin; train then runs on CPU, as cifar10_kfp.distributed.resolve_device does without CUDA).
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+DATASET = REPO.parent / "shared" / "datasets" / "cifar10-jpeg.tar.gz"
+NAMESPACE = "kubeflow"  # deploy/train-job's kustomization sets it
+STORE_PORT = 9000
+JOB = "cifar10-kfp-train"
+_JOB_TIMEOUT_S = float(os.environ.get("CIFAR10_KFP_REAL_JOB_TIMEOUT_S", "1500"))
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    with EmbeddedObjectStore(tmp_path_factory.mktemp("s3")) as server:
+        server.store().put_file(DATASET, f"s3://{server.bucket}/datasets/cifar10-jpeg.tar.gz")
+        yield server
+
+
+@pytest.fixture(scope="module")
+def train_image(real_node):
+    from tests.cluster import conftest
+
+    started = time.monotonic()
+    archive = trainimage.build_archive(gobuild.cache_root() / "images")
+    conftest._TIMINGS["component image build (or cache hit)"] = round(time.monotonic() - started, 1)
+    started = time.monotonic()
+    real_node.import_image(archive)
+    conftest._TIMINGS["component image import"] = round(time.monotonic() - started, 1)
+    return trainimage.IMAGE
+
+
+def _overlay(directory: pathlib.Path, endpoint: str) -> pathlib.Path:
+    cpu = [
+        {"op": "replace", "path": f"/spec/template/spec/{kind}/0/resources/requests/cpu", "value": "500m"}
+        for kind in ("initContainers", "containers")
+    ]
+    cpu.append(
+        {"op": "replace", "path": "/spec/template/spec/initContainers/1/resources/requests/cpu", "value": "1"}
+    )
+    job_patch = [
+        *cpu,
+        {"op": "add", "path": "/spec/template/spec/nodeSelector", "value": {NODE_LABEL: "true"}},
+        {"op": "add", "path": "/spec/template/spec/tolerations/-", "value": NODE_TOLERATION},
+        {
+            "op": "add",
+            "path": "/spec/template/spec/initContainers/0/args/-",
+            "value": "--max-train-samples=1000",
+        },
+        {
+            "op": "add",
+            "path": "/spec/template/spec/initContainers/0/args/-",
+            "value": "--max-test-samples=500",
+        },
+        {"op": "add", "path": "/spec/template/spec/initContainers/1/args/-", "value": "--epochs=1"},
+        {"op": "add", "path": "/spec/template/spec/initContainers/1/args/-", "value": "--batch-size=200"},
+    ]
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(REPO / "deploy" / "train-job", directory)],
+        "patches": [
+            {"target": {"kind": "Job", "name": JOB}, "patch": json.dumps(job_patch)},
+            {
+                "target": {"kind": "ConfigMap", "name": JOB},
+                "patch": json.dumps(
+                    [
+                        {
+                            "op": "replace",
+                            "path": "/data/DATASET_URI",
+                            "value": "s3://mlpipeline/datasets/cifar10-jpeg.tar.gz",
+                        },
+                        {"op": "replace", "path": "/data/MINIO_ENDPOINT", "value": endpoint},
+                        {"op": "replace", "path": "/data/MIN_ACCURACY", "value": "0"},
+                    ]
+                ),
+            },
+        ],
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "kustomization.yaml").write_text(json.dumps(kustomization, indent=1))
+    return directory
+
+
+def _secret(store: EmbeddedObjectStore) -> dict:
+    def b64(text: str) -> str:
+        return base64.b64encode(text.encode()).decode()
+
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "mlpipeline-minio-artifact", "namespace": NAMESPACE},
+        "data": {"accesskey": b64(store.access_key), "secretkey": b64(store.secret_key)},
+    }
+
+
+def _job_finished(cp, node) -> dict:
+    found: dict = {}
+
+    def done() -> bool:
+        proc = cp.kubectl("get", "job", JOB, "-n", NAMESPACE, "-o", "json")
+        if proc.returncode != 0:
+            return False
+        found.update(json.loads(proc.stdout))
+        return any(
+            c["type"] in ("Complete", "Failed") and c["status"] == "True"
+            for c in found.get("status", {}).get("conditions", [])
+        )
+
+    # Polled every few seconds (a run takes minutes); fails at once if the kubelet or containerd dies.
+    procs.wait_for(f"job {NAMESPACE}/{JOB} finished", done, _JOB_TIMEOUT_S, cp._procs() + node._procs(), 5)
+    return found
+
+
+@pytest.mark.timeout(2400)  # first run: the component image is built (~4 min) and imported
+@pytest.mark.skipif(not DATASET.is_file(), reason="the CIFAR-10 archive of ../shared is missing")
+@pytest.mark.skipif(shutil.which("debootstrap") is None, reason="debootstrap is missing: the image's base")
+def test_standalone_train_job_completes_on_the_real_node(
+    control_plane, real_node, train_image, store, tmp_path
+):
+    cp = control_plane
+    real_node.advertise_extended_resource("nvidia.com/gpu", 1)
+    endpoint = real_node.expose(int(store.endpoint.rsplit(":", 1)[1]), STORE_PORT)
+    if cp.kubectl("get", "namespace", NAMESPACE).returncode != 0:
+        cp.create_namespace(NAMESPACE)
+    cp.kubectl_ok("apply", "-f", "-", input=json.dumps(_secret(store)))
+    overlay = _overlay(tmp_path / "overlay", endpoint)
+    cp.kubectl_ok("apply", "-k", str(overlay))
+    try:
+        job = _job_finished(cp, real_node)
+        pods = json.loads(
+            cp.kubectl_ok("get", "pods", "-n", NAMESPACE, "-l", f"job-name={JOB}", "-o", "json").stdout
+        )
+    finally:
+        for container in ("prepare-data", "train", "publish"):
+            logs = cp.kubectl("logs", "-n", NAMESPACE, f"job/{JOB}", "-c", container, "--tail=30")
+            print(f"--- {container}:\n{logs.stdout}{logs.stderr}")
+        # The control plane is shared with later tests (deploy/ dry runs use the same names).
+        cp.kubectl("delete", "-k", str(overlay), "--wait=false")
+        cp.kubectl("delete", "secret", "mlpipeline-minio-artifact", "-n", NAMESPACE, "--wait=false")
+    conditions = {c["type"]: c for c in job["status"]["conditions"]}
+    assert "Complete" in conditions, json.dumps(job["status"], indent=1)
+    assert job["status"]["succeeded"] == 1
+    assert {p["spec"]["nodeName"] for p in pods["items"]} == {real_node.name}
+    # The publish step wrote a model version and its pointer into the object store on this machine.
+    objects = store.store().list(f"s3://{store.bucket}/cifar10-kfp/models/cifar10-classifier/")
+    assert any(o.endswith("/model.safetensors") for o in objects), objects
+    assert any(o.endswith("/latest") for o in objects), objects

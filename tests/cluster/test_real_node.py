@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from cifar10_kfp.embedded_store import EmbeddedObjectStore
+from cifar10_kfp.storage.embedded import EmbeddedObjectStore
 from tests.support.cluster import gobuild, images, procs, trainimage, versions
 from tests.support.cluster.node import NODE_LABEL, NODE_TOLERATION, RealNode
 
@@ -143,7 +143,7 @@ def test_pod_reaches_the_host_through_the_bridge(control_plane, real_node, clust
 # - a nodeSelector for the real node (the kwok GPU nodes would otherwise be chosen);
 # - MIN_ACCURACY 0: a one-epoch model must still be published for the test to see a model.
 # The one-GPU requests stay: the node advertises one nvidia.com/gpu as an extended resource (no
-# device plugin; train then runs on CPU, as cifar10_kfp.distributed.resolve_device does without CUDA).
+# device plugin; train then runs on CPU, as cifar10_kfp.train.distributed.resolve_device does without CUDA).
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 DATASET = REPO.parent / "shared" / "datasets" / "cifar10-jpeg.tar.gz"

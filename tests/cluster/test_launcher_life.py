@@ -117,7 +117,7 @@ def test_a_failed_pod_fails_the_step_with_the_real_reason(control_plane, trainer
     job = kubectl_json(cp, "get", "job", f"{request.name}-node-0", "-n", namespace)
     assert condition(job, "Failed")["reason"] == "BackoffLimitExceeded"
     assert not _gone(cp, "trainjob", request.name, "-n", namespace)  # a failed job is kept for its logs
-    cp.kubectl("delete", "clustertrainingruntime", runtime)
+    cp.kubectl("delete", "clustertrainingruntime", runtime, "--wait=false")  # in use until the job goes
 
 
 def test_active_deadline_ends_in_deadline_exceeded(

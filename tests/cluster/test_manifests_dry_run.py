@@ -25,7 +25,8 @@ def _restricted_namespace(cp, name: str) -> None:
 
 
 def _server_dry_run(cp, docs: list[dict]):
-    return cp.kubectl("create", "--dry-run=server", "--validate=strict", "-o", "json", "-f", "-",
+    # apply (not create): the same server-side checks, and objects an earlier test applied are no conflict
+    return cp.kubectl("apply", "--server-side", "--dry-run=server", "--validate=strict", "-o", "json", "-f", "-",
                       input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))  # fmt: skip
 
 

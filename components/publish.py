@@ -143,12 +143,8 @@ def publish_model(
     card.metadata.update({"uri": result.uri, "version": result.version})
     if result.registration:
         card.metadata["model_registry_uri"] = result.registration["registry_uri"]
-    inference_service.metadata.update(
-        {
-            "storageUri": result.inference_service["spec"]["predictor"]["model"]["storageUri"],
-            "version": result.version,
-        }
-    )
+    storage_uri = result.inference_service["spec"]["predictor"]["model"]["storageUri"]
+    inference_service.metadata.update({"storageUri": storage_uri, "version": result.version})
     freeze_heap_before_exit()  # the process ends next: spare its exit a collection over torch's objects
     registration = json.dumps(result.registration, sort_keys=True) if result.registration else ""
     PublishOutputs = namedtuple("PublishOutputs", ["uri", "version", "registration"])

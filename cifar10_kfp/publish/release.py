@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cifar10_kfp.publish import registration as mr_registration
+import cifar10_kfp.publish.registration as mr_registration
 from cifar10_kfp.publish.bundle import inference_service_manifest, manifest_yaml, serving_name, stage_bundle
 from cifar10_kfp.publish.model_card import CARD_MD, build_card, card_markdown
 from cifar10_kfp.publish.registry import (

@@ -106,7 +106,7 @@ def _plots(study) -> list[tuple[str, bytes | str]]:
         try:
             with warnings.catch_warnings():  # Optuna marks its matplotlib plots experimental
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                axes = plot(study)
+                axes = plot(study=study)
             figure = axes.figure if hasattr(axes, "figure") else axes.flat[0].figure
             out.append((title, _figure_png(figure)))
             plt.close(figure)

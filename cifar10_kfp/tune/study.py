@@ -163,7 +163,9 @@ def open_study(values: Mapping[str, Any], journal: Path, epochs: int):
     """Create or load the study in ``journal``; refuse one made with other settings."""
     from optuna.storages.journal import JournalFileBackend, JournalStorage
 
-    study = create_study(values, JournalStorage(JournalFileBackend(str(journal))), epochs)
+    study = create_study(
+        values, JournalStorage(log_storage=JournalFileBackend(file_path=str(journal))), epochs
+    )
     settings = _settings_key(values)
     saved = study.user_attrs.get(_SETTINGS_ATTR)
     if saved is None:

@@ -63,7 +63,9 @@ def test_trials_run_at_once_one_per_device_slot_and_the_study_still_counts_them(
     result = run_study(values, str(tiny_dataset_path), tmp_path / "out", study_uri=str(tmp_path / "study"),
                        concurrent=2)  # fmt: skip
     assert result.metrics["trials_completed"] == 4 and {row["device"] for row in result.trials} == {"cpu"}
-    storage = JournalStorage(JournalFileBackend(str(tmp_path / "study" / "study.journal")))
+    storage = JournalStorage(
+        log_storage=JournalFileBackend(file_path=str(tmp_path / "study" / "study.journal"))
+    )
     trials = optuna.load_study(study_name=STUDY_NAME, storage=storage).get_trials()
     spans = sorted((t.datetime_start, t.datetime_complete) for t in trials)
     overlapping = sum(later_start < end for (_, end), (later_start, _) in zip(spans, spans[1:]))
@@ -95,7 +97,7 @@ def _journal_trials(store, uri: str, work: Path) -> list:
         return []
     path = work / f"journal-{time.monotonic_ns()}"
     path.write_bytes(data)
-    storage = JournalStorage(JournalFileBackend(str(path)))
+    storage = JournalStorage(log_storage=JournalFileBackend(file_path=str(path)))
     return optuna.load_study(study_name="cifar10-tune", storage=storage).get_trials(deepcopy=False)
 
 

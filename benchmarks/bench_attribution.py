@@ -20,10 +20,10 @@ TARGET_S = 5.0  # "a few seconds on a CPU" for the default grid
 
 
 def run(ctx: BenchContext) -> dict:
-    from cifar10_kfp.attribution import N_STEPS, PER_CLASS, integrated_gradients
-    from cifar10_kfp.config import make_config
-    from cifar10_kfp.evaluate import evaluate_loaded
-    from cifar10_kfp.models import ModelInfo, build_model
+    from cifar10_kfp.evaluate.attribution import N_STEPS, PER_CLASS, integrated_gradients
+    from cifar10_kfp.evaluate.evaluation import evaluate_loaded
+    from cifar10_kfp.train.config import make_config
+    from cifar10_kfp.train.models import ModelInfo, build_model
 
     dataset = ctx.dataset(
         max_train=ctx.pick(smoke=0, quick=100, full=100), max_test=ctx.pick(smoke=0, quick=1_000, full=0)

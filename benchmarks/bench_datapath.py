@@ -76,9 +76,9 @@ def our_images_per_s(dataset, preset: str, limit: int, repeats: int, device: tor
     """
     import time
 
-    from cifar10_kfp.augment import training_batches
-    from cifar10_kfp.config import make_config
-    from cifar10_kfp.inference import Normalize
+    from cifar10_kfp.train.augment import training_batches
+    from cifar10_kfp.train.config import make_config
+    from cifar10_kfp.train.inference import Normalize
 
     config = make_config(preset, {})
     n = min(limit, len(dataset.train_labels))
@@ -125,9 +125,9 @@ def stage_costs(dataset, preset: str, device: torch.device) -> dict:
     """
     import time
 
-    from cifar10_kfp.augment import training_batches
-    from cifar10_kfp.config import make_config
-    from cifar10_kfp.inference import Normalize
+    from cifar10_kfp.train.augment import training_batches
+    from cifar10_kfp.train.config import make_config
+    from cifar10_kfp.train.inference import Normalize
 
     config = make_config(preset, {})
     batches = training_batches(dataset.train_images, dataset.train_labels, config, device)

@@ -65,7 +65,7 @@ def pipeline_params(ctx: BenchContext, archive: Path) -> dict:
 
 def run_library(params: dict, workdir: Path) -> dict:
     """The pipeline's steps as plain library calls in this process; returns per-step seconds."""
-    from cifar10_kfp.embedded_store import EmbeddedObjectStore
+    from cifar10_kfp.storage.embedded import EmbeddedObjectStore
 
     steps: dict[str, float] = {}
     t_all = time.perf_counter()
@@ -98,12 +98,12 @@ def _library_steps(params: dict, workdir: Path) -> dict:
     with timed("imports"):
         from cifar10_kfp.data.download import fetch_dataset
         from cifar10_kfp.data.preprocess import prepare_to_file
-        from cifar10_kfp.engine import default_checkpoint_uri, train
-        from cifar10_kfp.evaluate import evaluate_model, write_outputs
-        from cifar10_kfp.param_validation import validate_pipeline_params
-        from cifar10_kfp.params import train_config, training_settings
-        from cifar10_kfp.publish import publish_model, run_gate
+        from cifar10_kfp.evaluate.evaluation import evaluate_model, write_outputs
+        from cifar10_kfp.params.table import train_config, training_settings
+        from cifar10_kfp.params.validation import validate_pipeline_params
+        from cifar10_kfp.publish.release import publish_model, run_gate
         from cifar10_kfp.storage import open_store
+        from cifar10_kfp.train.engine import default_checkpoint_uri, train
 
     with timed("validate"):
         p = validate_pipeline_params(params)
@@ -214,7 +214,7 @@ def task_seconds(log_text: str) -> dict[str, float]:
 
 def component_start_cost(cwd: Path) -> float:
     """Seconds for a bare Python process to import what a component imports (torch, kfp, the library)."""
-    code = "import torch, kfp, cifar10_kfp.engine, cifar10_kfp.evaluate, cifar10_kfp.storage"
+    code = "import torch, kfp, cifar10_kfp.train.engine, cifar10_kfp.evaluate, cifar10_kfp.storage"
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-c", code], cwd=cwd, env=_clean_env(), check=True)
     return time.perf_counter() - t0

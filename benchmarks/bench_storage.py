@@ -31,10 +31,10 @@ def realistic_training_state(preset: str = "fast"):
     """(model factory, state dict) exactly shaped like the engine's checkpoint for ``preset``."""
     import torch.nn.functional as F
 
-    from cifar10_kfp.checkpoint import capture_rng_state
-    from cifar10_kfp.config import make_config
-    from cifar10_kfp.models import build_model
-    from cifar10_kfp.training_state import ModelEMA
+    from cifar10_kfp.train.checkpoint import capture_rng_state
+    from cifar10_kfp.train.config import make_config
+    from cifar10_kfp.train.models import build_model
+    from cifar10_kfp.train.state import ModelEMA
 
     config = make_config(preset, {})
     torch.manual_seed(0)
@@ -70,7 +70,7 @@ def realistic_training_state(preset: str = "fast"):
 
 
 def checkpoint_round_trip(manager, state: dict, new_model, repeats: int) -> dict:
-    from cifar10_kfp.checkpoint import state_to_bytes
+    from cifar10_kfp.train.checkpoint import state_to_bytes
 
     size = len(state_to_bytes({"format_version": 1, **state, "epoch": 1, "step": 1}))
     epoch = [0]
@@ -108,10 +108,10 @@ def file_round_trip(store, source: Path, target_uri: str, back: Path, repeats: i
 
 
 def run(ctx: BenchContext) -> dict:
-    from cifar10_kfp.checkpoint import CheckpointManager
     from cifar10_kfp.data.format import save_prepared
-    from cifar10_kfp.embedded_store import EmbeddedObjectStore
     from cifar10_kfp.storage import ObjectStore, StorageConfig
+    from cifar10_kfp.storage.embedded import EmbeddedObjectStore
+    from cifar10_kfp.train.checkpoint import CheckpointManager
 
     repeats = ctx.pick(smoke=1, quick=3, full=5)
     file_repeats = ctx.pick(smoke=1, quick=2, full=3)  # the full dataset file is ~185 MB per transfer

@@ -115,14 +115,14 @@ def loop_overhead(preset: str, data_path: Path, *, steps: int = 40, repeats: int
     import torch
     import torch.nn.functional as F
 
-    from cifar10_kfp.augment import training_batches
-    from cifar10_kfp.config import make_config
     from cifar10_kfp.data.format import load_prepared
-    from cifar10_kfp.distributed import Runtime
-    from cifar10_kfp.engine import train_one_epoch
-    from cifar10_kfp.inference import Normalize
-    from cifar10_kfp.models import build_model
-    from cifar10_kfp.training_state import EpochSums, LinearSchedule, ModelEMA, TrainingState
+    from cifar10_kfp.train.augment import training_batches
+    from cifar10_kfp.train.config import make_config
+    from cifar10_kfp.train.distributed import Runtime
+    from cifar10_kfp.train.engine import train_one_epoch
+    from cifar10_kfp.train.inference import Normalize
+    from cifar10_kfp.train.models import build_model
+    from cifar10_kfp.train.state import EpochSums, LinearSchedule, ModelEMA, TrainingState
 
     config = make_config(preset, {"epochs": 1})
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -202,8 +202,8 @@ def time_to_accuracy(
     the history records process CPU seconds; on a shared machine ``cpu_s / 2`` is the wall time the run
     would take on two dedicated cores.
     """
-    from cifar10_kfp.config import make_config
-    from cifar10_kfp.engine import train
+    from cifar10_kfp.train.config import make_config
+    from cifar10_kfp.train.engine import train
 
     overrides = dict(overrides or {})
     results = {}

@@ -86,7 +86,7 @@ def space_of(lrs) -> dict:
 
 
 def study_values(lrs, epochs: int, seed: int, sampler: str = "tpe", pruner: str = "asha") -> dict:
-    from cifar10_kfp.param_validation import validate_pipeline_params
+    from cifar10_kfp.params.validation import validate_pipeline_params
 
     return validate_pipeline_params({"preset": "cpu", "trial_epochs": epochs, "search_space": json.dumps(space_of(lrs)),
                                      "n_trials": 1000, "sampler": sampler, "pruner": pruner, "seed": seed,
@@ -95,8 +95,8 @@ def study_values(lrs, epochs: int, seed: int, sampler: str = "tpe", pruner: str 
 
 def curve_tables(data, seeds, epochs: int) -> tuple[dict, list[float]]:
     """{seed: table} over the candidate set, widened past an end lr that holds the best; (tables, lrs)."""
+    from cifar10_kfp.params.space import parse_search_space
     from cifar10_kfp.tune.replay import candidates, learning_curves
-    from cifar10_kfp.tune.space import parse_search_space
 
     lrs, tables, done = list(LRS), {seed: {} for seed in seeds}, set()
     for widening in range(MAX_WIDENINGS + 1):

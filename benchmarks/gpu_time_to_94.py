@@ -35,8 +35,8 @@ TARGET = 0.94
 def one_run(data: Path, overrides: dict, seed: int, out_dir: Path) -> dict:
     import torch
 
-    from cifar10_kfp.config import make_config
-    from cifar10_kfp.engine import train
+    from cifar10_kfp.train.config import make_config
+    from cifar10_kfp.train.engine import train
 
     config = make_config("fast", {"eval_split": "test", "seed": seed, "progress": False, **overrides})
     torch.cuda.reset_peak_memory_stats()

@@ -38,8 +38,8 @@ def download_dataset(
     """
     import json
 
-    from cifar10_kfp.data.download import fetch_dataset
-    from cifar10_kfp.run_records import report_failures, require_endpoint
+    from cifar10_kfp.data import fetch_dataset
+    from cifar10_kfp.runs import report_failures, require_endpoint
     from cifar10_kfp.storage import StorageError, open_store
 
     report_failures(bucket, storage_prefix)
@@ -89,8 +89,8 @@ def preprocess_dataset(
     """
     import json
 
-    from cifar10_kfp.data.preprocess import prepare_to_file
-    from cifar10_kfp.run_records import report_failures, require_endpoint
+    from cifar10_kfp.data import prepare_to_file
+    from cifar10_kfp.runs import report_failures, require_endpoint
     from cifar10_kfp.storage import open_store
 
     report_failures(bucket, storage_prefix)

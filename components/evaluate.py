@@ -45,9 +45,8 @@ def evaluate_model(
     from collections import namedtuple
 
     from cifar10_kfp.evaluate import evaluate_model as evaluate
-    from cifar10_kfp.process import freeze_heap_before_exit
-    from cifar10_kfp.report import render_html, render_markdown
-    from cifar10_kfp.run_records import report_failures
+    from cifar10_kfp.evaluate import render_html, render_markdown
+    from cifar10_kfp.runs import freeze_heap_before_exit, report_failures
 
     report_failures()  # into the configured bucket and prefix: this step takes neither as input
     history_path = history.path if history.path and os.path.isfile(history.path) else None

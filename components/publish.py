@@ -44,9 +44,8 @@ def gate_model(
     import json
     from collections import namedtuple
 
-    from cifar10_kfp.process import freeze_heap_before_exit
     from cifar10_kfp.publish import run_gate
-    from cifar10_kfp.run_records import record_gate_decision, report_failures
+    from cifar10_kfp.runs import freeze_heap_before_exit, record_gate_decision, report_failures
     from cifar10_kfp.storage import open_store
 
     report_failures(bucket, storage_prefix)
@@ -95,10 +94,9 @@ def publish_model(
     """
     from collections import namedtuple
 
-    from cifar10_kfp.process import freeze_heap_before_exit
     from cifar10_kfp.publish import dataset_digests
     from cifar10_kfp.publish import publish_model as publish
-    from cifar10_kfp.run_records import report_failures
+    from cifar10_kfp.runs import freeze_heap_before_exit, report_failures
     from cifar10_kfp.storage import open_store
 
     report_failures(bucket, storage_prefix)

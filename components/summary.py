@@ -1,4 +1,4 @@
-"""The run records and the run summary: thin adapters over ``cifar10_kfp.run_records`` and ``run_summary``.
+"""The run records and the run summary: thin adapters over ``cifar10_kfp.runs``.
 
 KFP does not let an ``ExitHandler`` task read outputs of the tasks it guards, so the body
 records what it produced under ``<root>/runs/<run_id>/`` in the object store (``outputs.json``
@@ -64,7 +64,7 @@ def record_run_outputs(
     storage_prefix: str,
 ) -> str:
     args = dict(locals())  # first statement: exactly the parameters
-    from cifar10_kfp.run_records import record_run_outputs as record
+    from cifar10_kfp.runs import record_run_outputs as record
 
     uri = record(args)
     print("recorded", uri)
@@ -99,7 +99,7 @@ def record_sweep_outputs(
     Returns:
         The URI of the record (``<root>/runs/<run_id>/outputs.json``).
     """
-    from cifar10_kfp.run_records import RunRecords, report_failures, sweep_outputs
+    from cifar10_kfp.runs import RunRecords, report_failures, sweep_outputs
     from cifar10_kfp.storage import open_store
 
     report_failures(bucket, storage_prefix)
@@ -126,7 +126,7 @@ def record_publication(uri: str, version: str, run_id: str, bucket: str, storage
     Returns:
         The URI of the record (``<root>/runs/<run_id>/published.json``).
     """
-    from cifar10_kfp.run_records import RunRecords, report_failures
+    from cifar10_kfp.runs import RunRecords, report_failures
     from cifar10_kfp.storage import open_store
 
     report_failures(bucket, storage_prefix)
@@ -149,7 +149,7 @@ def write_run_summary(
     """Write the run summary (status, failed step and error, metrics, where everything is); runs whatever happened.
 
     Args:
-        status: KFP's final status of the guarded tasks; trusted only where final (see cifar10_kfp.run_summary).
+        status: KFP's final status of the guarded tasks; trusted only where final (see cifar10_kfp.runs.summary).
         pipeline_name: Name of the pipeline.
         run_id: The KFP run id.
         checkpoint_uri: The checkpoint location parameter (empty: derived from the run id).
@@ -159,7 +159,7 @@ def write_run_summary(
     """
     import json
 
-    from cifar10_kfp.run_summary import ReportedStatus, verdict_line, write_summary
+    from cifar10_kfp.runs import ReportedStatus, verdict_line, write_summary
     from cifar10_kfp.storage import open_store
 
     result = write_summary(
@@ -198,7 +198,7 @@ def select_best_model(
     import json
     import shutil
 
-    from cifar10_kfp.run_records import report_failures
+    from cifar10_kfp.runs import report_failures
 
     report_failures(bucket, storage_prefix)
     if not models or len(models) != len(accuracies):

@@ -1,4 +1,4 @@
-"""The ``train_model`` component: a thin adapter over ``cifar10_kfp.engine.train``.
+"""The ``train_model`` component: a thin adapter over ``cifar10_kfp.train.train``.
 
 Checkpoints go to the object store under ``checkpoint_uri/<config hash>``; when that is empty the
 prefix is derived from the KFP run id and the config hash, so a retry of the same task finds the
@@ -48,12 +48,10 @@ def train_model(
     import shutil
     import tempfile
 
-    from cifar10_kfp.engine import train
     from cifar10_kfp.params import checkpoint_prefix, train_config
-    from cifar10_kfp.process import freeze_heap_before_exit
-    from cifar10_kfp.run_records import report_failures
+    from cifar10_kfp.runs import freeze_heap_before_exit, report_failures
     from cifar10_kfp.storage import open_store
-    from cifar10_kfp.training_curves import tensorboard_uri, training_markdown
+    from cifar10_kfp.train import tensorboard_uri, train, training_markdown
 
     report_failures(bucket, storage_prefix)
     config = train_config(training)

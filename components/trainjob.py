@@ -65,7 +65,7 @@ def train_on_trainer(
     from pathlib import Path
 
     from cifar10_kfp.params import checkpoint_prefix, train_config
-    from cifar10_kfp.run_records import report_failures
+    from cifar10_kfp.runs import report_failures
     from cifar10_kfp.storage import open_store
     from cifar10_kfp.trainjob import request_for_run, run_trainjob
 

@@ -1,6 +1,6 @@
 """The ``cifar10-tune`` pipeline's own steps: the Optuna study, and the record of a tuned run.
 
-``tune_hyperparameters`` is a thin adapter over ``cifar10_kfp.tune.study.run_study``: the study
+``tune_hyperparameters`` is a thin adapter over ``cifar10_kfp.tune.run_study``: the study
 runs its trials one after another in this pod (on its GPU when it has one), and keeps its state
 under ``<checkpoint_uri>/tune`` or, when that is empty, ``<root>/tune/<run id>``, so that KFP's retry
 of this task resumes the study instead of starting over. Its ``best_training`` output is the
@@ -53,9 +53,9 @@ def tune_hyperparameters(
     import tempfile
     from collections import namedtuple
 
-    from cifar10_kfp.run_records import report_failures
+    from cifar10_kfp.runs import report_failures
     from cifar10_kfp.storage import open_store
-    from cifar10_kfp.tune.study import default_study_uri, run_study
+    from cifar10_kfp.tune import default_study_uri, run_study
 
     report_failures(bucket, storage_prefix)
     store = open_store(bucket or None, storage_prefix or None)
@@ -98,7 +98,7 @@ def record_tune_outputs(
     storage_prefix: str,
 ) -> str:
     args = dict(locals())  # first statement: exactly the parameters
-    from cifar10_kfp.run_records import record_run_outputs as record
+    from cifar10_kfp.runs import record_run_outputs as record
 
     uri = record(args)
     print("recorded", uri)

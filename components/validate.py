@@ -19,8 +19,8 @@ from cifar10_kfp_components.image import IMAGE
 # The body of every validate component: all logic is in the library.
 _BODY = """
     params = dict(locals())  # first statement: exactly the parameters
-    from cifar10_kfp.param_validation import validated_outputs
-    from cifar10_kfp.run_records import report_failures
+    from cifar10_kfp.params import validated_outputs
+    from cifar10_kfp.runs import report_failures
 
     report_failures(bucket, storage_prefix)  # a refusal is recorded for the run summary
     outputs = validated_outputs(params, "{pipeline}")

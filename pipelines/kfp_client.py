@@ -181,8 +181,7 @@ def name_filter(display_name: str) -> str:
 
 def typed_arguments(pipeline: str, raw: dict[str, str]) -> dict[str, Any]:
     """Command-line ``k=v`` strings -> the pipeline's parameter types, validated here before anything is sent."""
-    from cifar10_kfp.param_validation import validate_pipeline_params
-    from cifar10_kfp.params import coerce_params
+    from cifar10_kfp.params import coerce_params, validate_pipeline_params
 
     typed = coerce_params(raw, pipeline)
     validate_pipeline_params(typed, pipeline)  # fail now, not minutes later on the cluster

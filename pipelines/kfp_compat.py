@@ -22,7 +22,7 @@ import warnings
 from collections.abc import Iterator
 
 VERIFIED_KFP_VERSION = "2.17.3"  # the kfp whose source each patch here was checked against
-RUN_ID_ENV = "CIFAR10_KFP_RUN_ID"  # = cifar10_kfp.run_records.RUN_ID_ENV
+RUN_ID_ENV = "CIFAR10_KFP_RUN_ID"  # = cifar10_kfp.runs.RUN_ID_ENV
 
 
 def _may_patch(patch: str, owner: object, attribute: str, loss: str) -> bool:

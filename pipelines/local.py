@@ -44,7 +44,7 @@ def object_store_env(data_dir: str | os.PathLike | None = None) -> Iterator[dict
     if os.environ.get("MINIO_ENDPOINT"):
         yield {k: v for k, v in os.environ.items() if k.startswith("MINIO_")}
         return
-    from cifar10_kfp.embedded_store import EmbeddedObjectStore
+    from cifar10_kfp.storage import EmbeddedObjectStore
 
     server = EmbeddedObjectStore(data_dir)
     started = time.monotonic()
@@ -74,13 +74,11 @@ def object_store_env(data_dir: str | os.PathLike | None = None) -> Iterator[dict
 def _resolve_params(pipeline: str, params: dict[str, Any], validate: bool = True):
     """Split into run-time parameters (typed; validated and complete unless ``validate`` is False)
     and compile-time settings."""
-    from cifar10_kfp.param_validation import (
-        validate_build_params,
-        validate_pipeline_params,
-    )
     from cifar10_kfp.params import (
         BUILD_PARAMS,
         coerce_params,
+        validate_build_params,
+        validate_pipeline_params,
     )
 
     build_names = {p.name for p in BUILD_PARAMS[pipeline]}
@@ -276,7 +274,7 @@ def format_summary(summary: dict) -> str:
              if summary.get(key)]  # fmt: skip
     if summary.get("status") != "SUCCEEDED":
         rows += [("failed step", summary.get("failed_task") or "?"), ("error", summary.get("error") or "?")]
-        from cifar10_kfp.run_summary import recorded_cause
+        from cifar10_kfp.runs import recorded_cause
 
         cause = recorded_cause(summary)
         rows += [("caused by", cause)] if cause else []

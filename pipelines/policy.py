@@ -24,7 +24,7 @@ Two kfp 2.17 details shape this module:
 
 Every task also gets ``CIFAR10_KFP_TASK`` (its KFP task name) and ``CIFAR10_KFP_RUN_ID`` (from the
 pod label ``pipeline/runid`` that the KFP API server puts on every pod of a run), so that a failing
-step records its error where the run summary finds it (``cifar10_kfp.run_records``), and every
+step records its error where the run summary finds it (``cifar10_kfp.runs.records``), and every
 task but the single-node train step gets ``NVIDIA_VISIBLE_DEVICES=void`` (see ``step``).
 """
 
@@ -56,7 +56,7 @@ STORE_IDENTITY_INPUT = (
 TASK_ENV, RUN_ID_ENV = (
     "CIFAR10_KFP_TASK",
     "CIFAR10_KFP_RUN_ID",
-)  # = cifar10_kfp.run_records.TASK_ENV, RUN_ID_ENV
+)  # = cifar10_kfp.runs.TASK_ENV, RUN_ID_ENV
 RUN_ID_FIELD_PATH = (
     "metadata.labels['pipeline/runid']"  # KFP's apiserver/template/v2_template.go sets it on pods
 )

@@ -12,7 +12,7 @@ The parameters, their defaults and the descriptions the KFP UI shows come from
 
 from kfp import dsl
 
-from cifar10_kfp.param_validation import validate_build_params
+from cifar10_kfp.params import validate_build_params
 from cifar10_kfp_components.summary import record_sweep_outputs, select_best_model
 from cifar10_kfp_components.train import train_model
 from cifar10_kfp_components.validate import validate_sweep_params

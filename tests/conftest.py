@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cifar10_kfp.embedded_store import EmbeddedObjectStore
 from cifar10_kfp.storage import ObjectStore
+from cifar10_kfp.storage.embedded import EmbeddedObjectStore
 from tests.support.data import make_tiny_dataset
 from tests.support.models import write_trained_model_dir
 from tests.support.paths import REAL_ARCHIVE

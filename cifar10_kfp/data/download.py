@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from cifar10_kfp.data import CIFAR10_CHECKSUM, CIFAR10_URL
 from cifar10_kfp.data.archives import ArchiveLimits, scan_archive
 from cifar10_kfp.data.http_fetch import (
     DownloadError,
@@ -32,7 +31,13 @@ from cifar10_kfp.data.http_fetch import (
     hash_file,
     redact_source,
 )
-from cifar10_kfp.data.layout import IMAGE_FOLDER, detect_layout, index_image_folder
+from cifar10_kfp.data.layout import (
+    CIFAR10_CHECKSUM,
+    CIFAR10_URL,
+    IMAGE_FOLDER,
+    detect_layout,
+    index_image_folder,
+)
 from cifar10_kfp.storage import (
     ObjectNotFound,
     ObjectStore,

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse, urlunparse
 
-from cifar10_kfp.data import CIFAR10_CHECKSUM as DEFAULT_CHECKSUM
-from cifar10_kfp.data import CIFAR10_URL as DEFAULT_URL
+from cifar10_kfp.data.layout import CIFAR10_CHECKSUM as DEFAULT_CHECKSUM
+from cifar10_kfp.data.layout import CIFAR10_URL as DEFAULT_URL
 from cifar10_kfp.env_settings import env_number
 from cifar10_kfp.progress import ProgressMeter
 

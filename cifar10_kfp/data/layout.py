@@ -20,6 +20,10 @@ from cifar10_kfp.data.archives import ArchiveError, ArchiveMember
 
 log = logging.getLogger(__name__)
 
+# The official CIFAR-10 archive (python batches) and its published md5: the default dataset.
+CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+CIFAR10_CHECKSUM = "md5:c58f30108f718f92721af3b95e74349a"
+
 CIFAR10_PYTHON = "cifar10-python"
 IMAGE_FOLDER = "image-folder"
 FORMATS = (CIFAR10_PYTHON, IMAGE_FOLDER)

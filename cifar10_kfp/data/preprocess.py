@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cifar10_kfp.data import official
+import cifar10_kfp.data.official as official
 from cifar10_kfp.data.archives import ArchiveLimits, iter_archive
 from cifar10_kfp.data.format import (
     FORMAT_VERSION,

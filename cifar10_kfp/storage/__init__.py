@@ -21,9 +21,13 @@ the ``mlpipeline-minio-artifact`` secret):
 
 Modules: ``names`` (errors, bucket and key rules), ``uri`` (locations), ``config`` (settings,
 namespace and prefix, credentials), ``retry`` (backoff and error explanations), ``store``
-(``ObjectStore``).
+(``ObjectStore``), ``probe`` (what the credentials may do), ``embedded`` (a real SeaweedFS on
+127.0.0.1 for tests, ``run-local`` and notebooks; loaded on first use).
 """
 
+from typing import TYPE_CHECKING
+
+from cifar10_kfp import lazy_exports
 from cifar10_kfp.storage.config import (
     DEFAULT_BUCKET,
     DEFAULT_PREFIX,
@@ -46,8 +50,12 @@ from cifar10_kfp.storage.names import (
     validate_bucket,
     validate_key,
 )
+from cifar10_kfp.storage.probe import ProbeResult, probe_access
 from cifar10_kfp.storage.store import SHA256_META, ObjectInfo, ObjectStore, open_store, sha256_file
 from cifar10_kfp.storage.uri import Location, is_remote, join_uri, parse_uri
+
+if TYPE_CHECKING:
+    from cifar10_kfp.storage.embedded import EmbeddedObjectStore, serve_forever
 
 __all__ = [
     "DEFAULT_BUCKET", "DEFAULT_PREFIX", "DEFAULT_REGION", "SHA256_META", "WELL_KNOWN_DEV_CREDENTIALS",
@@ -55,4 +63,6 @@ __all__ = [
     "ObjectNotFound", "ObjectStore", "StorageConfig", "StorageError", "check_credentials", "default_prefix",
     "detect_namespace", "is_remote", "join_uri", "open_store", "parse_uri", "profile_writable_prefixes",
     "root_uri", "sha256_file", "validate_bucket", "validate_key",
+    "EmbeddedObjectStore", "ProbeResult", "probe_access", "serve_forever",
 ]  # fmt: skip
+__getattr__, __dir__ = lazy_exports(__name__, __file__)

@@ -37,6 +37,7 @@ from cifar10_kfp.trainjob.manifest import (
     job_state,
     longest_pod_name,
     node_command,
+    too_old_message,
     trainer_version_from_crd,
 )
 from cifar10_kfp.trainjob.watch import EventReporter, watch_trainjob
@@ -46,6 +47,6 @@ __all__ = [
     "EventReporter", "JobState", "TrainJobFailed", "TrainJobRequest", "TrainJobTimedOut", "TrainerTooOld",
     "DEFAULT_TIMEOUT_H", "build_trainjob", "check_trainer_version", "request_for_run", "collect_outputs", "config_arguments", "current_namespace",
     "delete_trainjob", "job_name", "job_state", "launcher_pod", "load_kubernetes", "longest_pod_name",
-    "node_command", "read_trainer_crd", "run_trainjob", "submit_trainjob", "trainer_version_from_crd",
+    "node_command", "read_trainer_crd", "too_old_message", "run_trainjob", "submit_trainjob", "trainer_version_from_crd",
     "watch_trainjob",
 ]  # fmt: skip

@@ -136,7 +136,7 @@ def config_arguments(config: dict) -> list[str]:
 
     The job's command line then reads like one a person would type, and shows what was changed.
     """
-    from cifar10_kfp.config import make_config
+    from cifar10_kfp.train.config import make_config
 
     preset = config.get("preset", "seed")
     base = make_config(preset).to_dict()

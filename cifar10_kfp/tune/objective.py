@@ -24,8 +24,8 @@ import queue
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cifar10_kfp import params
-from cifar10_kfp.tune.space import Dimension, candidate_count
+from cifar10_kfp.params import table as params
+from cifar10_kfp.params.space import Dimension, candidate_count
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from cifar10_kfp.params.space import Dimension, parse_search_space
 from cifar10_kfp.tune.objective import Trainer, make_objective, optimize, trial_config
 from cifar10_kfp.tune.report import trial_rows
-from cifar10_kfp.tune.space import Dimension, parse_search_space
 
 Table = Mapping[str, Sequence[Mapping[str, Any]]]  # config_key -> history rows, epoch 1..E
 
@@ -70,7 +70,7 @@ def learning_curves(values: Mapping[str, Any], dataset, configs: Sequence[Mappin
     study); the device is the trials' own (``values``' training settings). ``on_row(searched, row)``
     sees each epoch's row as it comes (progress).
     """
-    from cifar10_kfp.distributed import Runtime, resolve_device
+    from cifar10_kfp.train.distributed import Runtime, resolve_device
     from cifar10_kfp.tune.trial import StudyData, train_trial
 
     device = resolve_device(trial_config(values, {}).device)

@@ -2,7 +2,7 @@
 
 The report has Optuna's own matplotlib plots (optimisation history, parameter importances,
 intermediate values) as embedded PNGs and one table row per trial; like the evaluation report
-(``cifar10_kfp.report``) it loads nothing from outside and has no script.
+(``cifar10_kfp.evaluate.report``) it loads nothing from outside and has no script.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cifar10_kfp.report import CSP, _figure_png, png_data_uri
+from cifar10_kfp.evaluate.report import CSP, _figure_png, png_data_uri
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ class TuneResult:
 
 def write_outputs(study, values: Mapping[str, Any], output_dir: Path, training_with: Callable):
     """Write ``FILES`` to ``output_dir``; the ``TuneResult``. Raises if no trial completed."""
-    from cifar10_kfp import params
+    from cifar10_kfp.params import table as params
 
     rows = trial_rows(study)
     if not any(row["state"] == "COMPLETE" for row in rows):

@@ -1,7 +1,7 @@
 """The study: Optuna trials in this process, one per GPU at a time, its state in the object store.
 
 ``run_study(values, data, output_dir, study_uri=...)`` takes a tune pipeline's validated values
-(``cifar10_kfp.param_validation.validate_pipeline_params(..., "tune")``): the training settings every trial
+(``cifar10_kfp.params.validation.validate_pipeline_params(..., "tune")``): the training settings every trial
 starts from, ``search_space``, ``n_trials``, ``budget_epochs``, ``timeout_s``, ``sampler``,
 ``pruner`` (with ``min_resource`` and ``reduction_factor``) and ``trial_epochs``. Each trial's
 ``TrainConfig`` is ``params.train_config(training, searched)``: the one pipeline -> config
@@ -34,10 +34,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cifar10_kfp import params
+from cifar10_kfp.params import table as params
+from cifar10_kfp.params.space import parse_search_space
 from cifar10_kfp.tune.objective import device_trainer, make_objective, optimize, trial_config
 from cifar10_kfp.tune.report import TuneResult
-from cifar10_kfp.tune.space import parse_search_space
 
 __all__ = ["run_study", "trial_config", "training_with", "create_study", "make_sampler", "make_pruner"]
 
@@ -207,7 +207,7 @@ def trial_devices(device, concurrent: int | None = None) -> list:
 def _device_slots(data: str, device, concurrent: int | None) -> queue.Queue:
     """One ``(StudyData, Runtime)`` per device of ``trial_devices``; the dataset file is read once."""
     from cifar10_kfp.data.format import load_prepared
-    from cifar10_kfp.distributed import Runtime
+    from cifar10_kfp.train.distributed import Runtime
     from cifar10_kfp.tune.trial import StudyData
 
     dataset = load_prepared(data)
@@ -226,7 +226,7 @@ def run_study(values: Mapping[str, Any], data: str, output_dir: str | os.PathLik
     """
     import optuna
 
-    from cifar10_kfp.distributed import resolve_device
+    from cifar10_kfp.train.distributed import resolve_device
     from cifar10_kfp.tune.report import write_outputs
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -2,7 +2,7 @@
 
 The dataset is read and copied to the device once per study (``StudyData``); each trial lays the
 same device tensors out for its own augmentations (``TrainBatches`` over them) and trains with
-the engine's own epoch loop (``cifar10_kfp.engine.fit``), without checkpoints: a trial is short,
+the engine's own epoch loop (``cifar10_kfp.train.engine.fit``), without checkpoints: a trial is short,
 and the study's state, not the trial's weights, is what survives a retry.
 """
 
@@ -12,19 +12,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cifar10_kfp.augment import DeviceData, TrainBatches
-from cifar10_kfp.config import TrainConfig
-from cifar10_kfp.distributed import Runtime
-from cifar10_kfp.engine import (
-    RunData,
-    configure_determinism,
-    fit,
-    global_batch_size,
-    seed_everything,
-)
-from cifar10_kfp.inference import Normalize
-from cifar10_kfp.training_outputs import RunClock
-from cifar10_kfp.training_state import RunCheckpoints, build_training_state, model_identity, wrap_for_training
+from cifar10_kfp.train.augment import DeviceData, TrainBatches
+from cifar10_kfp.train.config import TrainConfig
+from cifar10_kfp.train.distributed import Runtime
+from cifar10_kfp.train.engine import RunData, configure_determinism, fit, global_batch_size, seed_everything
+from cifar10_kfp.train.inference import Normalize
+from cifar10_kfp.train.outputs import RunClock
+from cifar10_kfp.train.state import RunCheckpoints, build_training_state, model_identity, wrap_for_training
 
 
 @dataclass

@@ -166,7 +166,7 @@ def add_multinode_arguments(parser: argparse.ArgumentParser) -> None:
 
 def rendezvous_from_args(args: argparse.Namespace):
     """The ``Rendezvous`` of a multi-node run, or None on one node."""
-    from cifar10_kfp.distributed import Rendezvous
+    from cifar10_kfp.train import Rendezvous
 
     elastic = ":" in args.nnodes and len(set(args.nnodes.split(":"))) > 1
     restarts = args.max_restarts if args.max_restarts is not None else (3 if elastic else 0)

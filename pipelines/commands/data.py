@@ -76,7 +76,7 @@ def _format_summary(summary: dict, cache: str) -> str:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from cifar10_kfp.data.preprocess import prepare_from_source
+    from cifar10_kfp.data import prepare_from_source
     from cifar10_kfp.storage import open_store
 
     store = open_store()

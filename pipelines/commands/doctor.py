@@ -101,8 +101,7 @@ def _holds_well_known_pair(data: dict) -> bool:
 
 def check_storage_access(env: dict[str, str] | None = None) -> list[Check]:
     """Put, get, list and delete a small object under the real prefix, with this shell's MINIO_* settings."""
-    from cifar10_kfp.storage import ObjectStore, StorageConfig, StorageError
-    from cifar10_kfp.storage.probe import probe_access
+    from cifar10_kfp.storage import ObjectStore, StorageConfig, StorageError, probe_access
 
     config = StorageConfig.from_env(env)
     if not (config.endpoint and config.access_key and config.secret_key):
@@ -161,8 +160,15 @@ def check_object_store(api_client, endpoint: str) -> Check:
 
 def check_trainer(api_client, num_nodes: int) -> Check:
     """Kubeflow Trainer >= 2.2 (read from the TrainJob CRD's schema) and its torch-distributed runtime."""
-    from cifar10_kfp.trainjob import DEFAULT_RUNTIME, GROUP, PLURAL, VERSION, read_trainer_crd
-    from cifar10_kfp.trainjob.manifest import too_old_message, trainer_version_from_crd
+    from cifar10_kfp.trainjob import (
+        DEFAULT_RUNTIME,
+        GROUP,
+        PLURAL,
+        VERSION,
+        read_trainer_crd,
+        too_old_message,
+        trainer_version_from_crd,
+    )
 
     if num_nodes <= 1:
         return Check(

@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from cifar10_kfp.serving import load_published, predict_files
+    from cifar10_kfp.publish import load_published, predict_files
 
     model, preprocess = load_published(args.model)
     for path, top in zip(args.images, predict_files(model, preprocess, args.images, top_k=args.top_k)):

@@ -34,7 +34,7 @@ def _summary_reader(store=None):
 
     if store is None and not os.environ.get("MINIO_ENDPOINT"):
         return lambda run_id: None
-    from cifar10_kfp.run_records import read_summary
+    from cifar10_kfp.runs import read_summary
     from cifar10_kfp.storage import ObjectStore
 
     store = store or ObjectStore()
@@ -74,7 +74,7 @@ def local_rows(store, limit: int) -> list[dict]:
     """The rows of ``collect`` for local runs: one per run summary in ``store``, newest first."""
     import time
 
-    from cifar10_kfp.run_records import recent_summaries
+    from cifar10_kfp.runs import recent_summaries
 
     rows = []
     for written, summary in recent_summaries(store, limit):

@@ -14,6 +14,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cifar10_kfp.embedded_store import serve_forever
+    from cifar10_kfp.storage import serve_forever
 
     return serve_forever(args.data_dir)

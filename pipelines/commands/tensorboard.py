@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def find_curves(store, run: str | None) -> tuple[str, str]:
     """``(run id, event-file URI)`` of ``run``, or of the newest run whose summary names curves."""
-    from cifar10_kfp.run_records import read_summary, recent_summaries
+    from cifar10_kfp.runs import read_summary, recent_summaries
 
     if run:
         summary = read_summary(store, run)

@@ -16,8 +16,8 @@ HELP = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from cifar10_kfp.config import PRESET_NAMES
     from cifar10_kfp.params import CONFIG_KNOBS
+    from cifar10_kfp.train import PRESET_NAMES
 
     parser.add_argument(
         "--data", required=True, help="prepared dataset: dataset.safetensors path, its dir, or s3:// URI"
@@ -55,7 +55,7 @@ def config_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from cifar10_kfp.engine import train
+    from cifar10_kfp.train import train
     from cifar10_kfp_pipelines.commands.common import finish, rendezvous_from_args
 
     config = config_from_args(args)

@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def values_from_args(args: argparse.Namespace) -> dict:
     """The validated ``tune`` pipeline values of the flags given (defaults for the rest)."""
-    from cifar10_kfp.param_validation import validate_pipeline_params
+    from cifar10_kfp.params import validate_pipeline_params
 
     given = {p.name: getattr(args, p.name) for p in _flagged_params() if getattr(args, p.name) is not None}
     return validate_pipeline_params(given, "tune")
@@ -61,14 +61,14 @@ def values_from_args(args: argparse.Namespace) -> dict:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from cifar10_kfp.tune.study import run_study
+    from cifar10_kfp.tune import run_study
 
     values = values_from_args(args)  # every check before the data is read
     result = run_study(values, args.data, args.output_dir, study_uri=args.study_uri)
     print(json.dumps({"best_params": result.best_params, **result.metrics}, indent=2, sort_keys=True))
     if args.train:
-        from cifar10_kfp.engine import train
         from cifar10_kfp.params import train_config
+        from cifar10_kfp.train import train
 
         final = train(train_config(result.best_training), args.data, f"{args.output_dir}/final")
         print(json.dumps(final.metrics, indent=2, sort_keys=True))

@@ -9,7 +9,7 @@ import sys
 import yaml
 from kfp import dsl
 
-from cifar10_kfp.registry import latest_version
+from cifar10_kfp.publish.registry import latest_version
 from cifar10_kfp.storage import join_uri
 from cifar10_kfp_components.publish import gate_model, publish_model
 from tests.support.paths import ROOT

@@ -15,7 +15,7 @@ import pytest
 def test_evaluate_gate_publish_under_kfp_local(store_env, trained_model_dir, tiny_dataset_path, tmp_path):  # noqa: F811
     from kfp import dsl, local
 
-    from cifar10_kfp.registry import latest_version
+    from cifar10_kfp.publish.registry import latest_version
     from cifar10_kfp_components.evaluate import evaluate_model
     from cifar10_kfp_components.publish import gate_model, publish_model
 

@@ -7,10 +7,10 @@ import json
 import pytest
 from kfp import dsl
 
-from cifar10_kfp.checkpoint import CheckpointManager
-from cifar10_kfp.config import make_config
-from cifar10_kfp.engine import default_checkpoint_uri
-from cifar10_kfp.models import load_model
+from cifar10_kfp.train.checkpoint import CheckpointManager
+from cifar10_kfp.train.config import make_config
+from cifar10_kfp.train.engine import default_checkpoint_uri
+from cifar10_kfp.train.models import load_model
 from cifar10_kfp_components.train import train_model
 
 

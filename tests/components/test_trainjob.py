@@ -74,7 +74,7 @@ def test_train_on_trainer_component_trains_on_two_nodes(store_env, tmp_path, mon
     from kfp import dsl
 
     from cifar10_kfp.data.format import save_prepared
-    from cifar10_kfp.models import load_model
+    from cifar10_kfp.train.models import load_model
     from cifar10_kfp_components.trainjob import train_on_trainer
     from tests.support.data import make_tiny_dataset
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from cifar10_kfp.params import defaults, pipeline_params, signature
+from cifar10_kfp.params.table import defaults, pipeline_params, signature
 from cifar10_kfp_components.validate import validate_sweep_params, validate_training_params
 
 COMPONENTS = [("training", validate_training_params), ("sweep", validate_sweep_params)]

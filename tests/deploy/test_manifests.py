@@ -169,7 +169,7 @@ def test_a_namespace_overlay_binds_that_namespaces_pipeline_runner():
 
 
 def test_the_serving_account_is_the_one_published_models_run_as_and_lists_an_annotated_s3_secret():
-    from cifar10_kfp.bundle import DEFAULT_SERVICE_ACCOUNT
+    from cifar10_kfp.publish.bundle import DEFAULT_SERVICE_ACCOUNT
     from cifar10_kfp_pipelines.policy import DEFAULT_MINIO_ENDPOINT
 
     (account,) = _documents(SERVING_ACCOUNT_FILE)

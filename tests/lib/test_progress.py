@@ -7,7 +7,7 @@ import io
 import pytest
 
 from cifar10_kfp.progress import INTERVAL_ENV, ProgressMeter, interval_s, is_progress_line
-from cifar10_kfp.training_outputs import ProgressPrinter
+from cifar10_kfp.train.outputs import ProgressPrinter
 
 
 class _Tty(io.StringIO):
@@ -57,5 +57,7 @@ def test_the_epoch_table_is_a_progress_line_and_log_lines_are_not():
     row = {"epoch": 3, "train_loss": 1.2345, "train_acc": 0.5, "val_acc": 0.6, "lr": 0.1,
            "images_per_s": 900.0, "elapsed_s": 12.0}  # fmt: skip
     assert is_progress_line(printer.HEADER) and is_progress_line(printer.line(row, 30.0) + "\n")
-    assert not is_progress_line("2026-12-03 20:00:00,000 INFO cifar10_kfp.engine: training on 1 process(es)")
+    assert not is_progress_line(
+        "2026-12-03 20:00:00,000 INFO cifar10_kfp.train.engine: training on 1 process(es)"
+    )
     assert not is_progress_line('    "epochs": 12,')

@@ -80,7 +80,7 @@ def test_parameters_cell_holds_only_literal_assignments():
 
 def test_notebook_parameters_are_valid_pipeline_parameters():
     """The defaults a data scientist starts from pass the pipeline's own validation."""
-    from cifar10_kfp.param_validation import validate_pipeline_params
+    from cifar10_kfp.params.validation import validate_pipeline_params
 
     nb = _notebook()
     tree = ast.parse(nb.cells[_parameters_cell_index(nb)].source)
@@ -165,7 +165,7 @@ def test_every_project_name_the_notebook_imports_exists():
 def test_the_project_calls_in_the_notebook_match_their_signatures():
     import inspect
 
-    from cifar10_kfp.serving import load_published
+    from cifar10_kfp.publish.serving import load_published
     from cifar10_kfp_pipelines.kfp_client import compile_for_submit, make_client, run_url
     from cifar10_kfp_pipelines.local import run_local
 

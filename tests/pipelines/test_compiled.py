@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cifar10_kfp.params import SWEEP_PARAMS, TRAINING_PARAMS
+from cifar10_kfp.params.table import SWEEP_PARAMS, TRAINING_PARAMS
 from cifar10_kfp_pipelines.catalog import COMPILED_DIR, compile_to
 from cifar10_kfp_pipelines.policy import ClusterPolicy
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from cifar10_kfp.params import TUNE_PARAMS
+from cifar10_kfp.params.table import TUNE_PARAMS
 from cifar10_kfp_pipelines.catalog import COMPILED_DIR
 from tests.pipelines import test_compiled as common
 

@@ -217,7 +217,7 @@ assert "torch" not in sys.modules, "run-local imported torch"
 def test_the_heap_is_frozen_before_exit_only_in_a_kfp_task_process(in_task):
     code = """
 import gc
-from cifar10_kfp.process import freeze_heap_before_exit
+from cifar10_kfp.runs.process import freeze_heap_before_exit
 frozen = freeze_heap_before_exit()
 assert frozen == (gc.get_freeze_count() > 0), (frozen, gc.get_freeze_count())
 print(frozen)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from cifar10_kfp.embedded_store import EmbeddedObjectStore
 from cifar10_kfp.storage import CredentialsError, sha256_file
+from cifar10_kfp.storage.embedded import EmbeddedObjectStore
 from cifar10_kfp_pipelines.local import run_local
 from tests.pipelines.test_local import FAST
 from tests.support.datagen import make_real_subset_archive

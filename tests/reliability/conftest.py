@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from cifar10_kfp.embedded_store import EmbeddedObjectStore
 from cifar10_kfp.storage import ObjectStore, StorageConfig
+from cifar10_kfp.storage.embedded import EmbeddedObjectStore
 from tests.reliability.harness import FIGURES, FakeCredentials, product_env
 
 

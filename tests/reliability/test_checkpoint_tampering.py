@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from cifar10_kfp.checkpoint import CheckpointManager, checkpoint_name
 from cifar10_kfp.storage import IntegrityError, join_uri, parse_uri
+from cifar10_kfp.train.checkpoint import CheckpointManager, checkpoint_name
 from tests.reliability.harness import FIGURES, ROOT, Proc, product_env, scan_for_secret
 from tests.reliability.training import EPOCHS, train_argv
 

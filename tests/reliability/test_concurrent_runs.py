@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from cifar10_kfp.checkpoint import CheckpointManager
+from cifar10_kfp.train.checkpoint import CheckpointManager
 from tests.reliability.harness import CommandLineSampler, Proc, cli_command, scan_for_secret
 from tests.support.datagen import make_official_archive
 
@@ -90,7 +90,7 @@ def test_two_concurrent_local_runs_keep_apart_and_leak_no_secret(
         assert Path(summary["local_root"]).is_relative_to(output_root)
 
     # Both published versions exist, are complete, and each holds its own run's weights.
-    from cifar10_kfp.registry import latest_version
+    from cifar10_kfp.publish.registry import latest_version
 
     for name, summary in zip(names, summaries):
         published = summary["published"]

@@ -24,7 +24,7 @@ import time
 
 import pytest
 
-from cifar10_kfp.checkpoint import CheckpointManager, checkpoint_name
+from cifar10_kfp.train.checkpoint import CheckpointManager, checkpoint_name
 from tests.reliability.harness import FIGURES, Proc, S3Proxy, pointer_body_epoch, scan_for_secret, wait_until
 from tests.reliability.training import EPOCHS, RunResult, assert_bitwise_equal, train_argv
 

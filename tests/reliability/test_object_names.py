@@ -208,8 +208,8 @@ def test_valid_names_pass_the_same_checks(figures):
 
 def test_checkpoint_and_model_locations_go_through_the_same_checks(names_store, counter, figures):
     """Locations built from user input (checkpoint URI, model directory) are refused the same way."""
-    from cifar10_kfp.checkpoint import CheckpointManager
-    from cifar10_kfp.models import load_model
+    from cifar10_kfp.train.checkpoint import CheckpointManager
+    from cifar10_kfp.train.models import load_model
 
     store, scratch = names_store
     before = counter.count

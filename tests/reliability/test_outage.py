@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from cifar10_kfp.checkpoint import CheckpointManager
+from cifar10_kfp.train.checkpoint import CheckpointManager
 from tests.reliability.harness import FIGURES, Proc, scan_for_secret, wait_until
 from tests.reliability.training import EPOCHS, RunResult, assert_bitwise_equal, train_argv
 

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cifar10_kfp.param_validation import validate_pipeline_params
-from cifar10_kfp.params import TRAINING_PARAMS
+from cifar10_kfp.params.table import TRAINING_PARAMS
+from cifar10_kfp.params.validation import validate_pipeline_params
 from tests.reliability.harness import FIGURES, ConnectionCounter
 
 pytestmark = pytest.mark.reliability

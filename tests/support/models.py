@@ -46,7 +46,7 @@ def lookup_case():
 
 def train_tiny_model(dataset, steps: int = 40):
     """A simple_cnn trained a few steps with a plain loop (not the training engine)."""
-    from cifar10_kfp.models import ModelInfo, build_model
+    from cifar10_kfp.train.models import ModelInfo, build_model
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a 40-step loop on tiny images: extra threads only contend on shared cores
@@ -79,7 +79,7 @@ def fit(model, dataset, steps):
 def write_trained_model_dir(tiny_dataset_path, tmp_path: Path) -> Path:
     """Train ``train_tiny_model`` on a prepared file; write ``tmp_path/model`` and ``tmp_path/history.json``."""
     from cifar10_kfp.data.format import load_prepared
-    from cifar10_kfp.models import save_model
+    from cifar10_kfp.train.models import save_model
 
     model, info = train_tiny_model(load_prepared(tiny_dataset_path))
     info.extra = {"epochs": 1, "learning_rate": 3e-3}

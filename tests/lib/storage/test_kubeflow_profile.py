@@ -8,8 +8,8 @@ import pytest
 from minio import Minio
 from minio.error import S3Error
 
-from cifar10_kfp.embedded_store import EmbeddedObjectStore
 from cifar10_kfp.storage import AccessDeniedError, ObjectStore, StorageConfig
+from cifar10_kfp.storage.embedded import EmbeddedObjectStore
 from cifar10_kfp.storage.probe import probe_access
 from tests.support.kubeflow_profile import BUCKET, identity_env, profile_identity
 

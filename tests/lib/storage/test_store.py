@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from cifar10_kfp.embedded_store import EmbeddedObjectStore
 from cifar10_kfp.storage import (
     CredentialsError,
     IntegrityError,
@@ -23,6 +22,7 @@ from cifar10_kfp.storage import (
     join_uri,
     parse_uri,
 )
+from cifar10_kfp.storage.embedded import EmbeddedObjectStore
 
 
 def _write(path: Path, size: int) -> Path:

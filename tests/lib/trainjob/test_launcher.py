@@ -23,7 +23,7 @@ from tests.support.k8s_fake_server import TRAINJOBS, K8sFakeServer, condition
 
 def _node_0_uploaded(store, tmp_path, output_uri: str) -> None:
     """What the node holding rank 0 leaves in the object store (cifar10-kfp train --upload-to)."""
-    from cifar10_kfp.models import ModelInfo, build_model, save_model
+    from cifar10_kfp.train.models import ModelInfo, build_model, save_model
 
     node_out = tmp_path / "node0"
     info = ModelInfo(architecture="simple_cnn", num_classes=4, image_size=16,
@@ -36,7 +36,7 @@ def _node_0_uploaded(store, tmp_path, output_uri: str) -> None:
 
 @pytest.mark.parametrize("keep", [False, True])
 def test_run_trainjob_collects_the_outputs_then_deletes_the_job_unless_kept(store_env, tmp_path, keep):
-    from cifar10_kfp.models import load_model
+    from cifar10_kfp.train.models import load_model
 
     store_env.ensure_bucket()
     output_uri = store_env.root_uri("trainjobs", "job-1")
@@ -96,7 +96,7 @@ def test_sigterm_deletes_the_job_and_fails_the_step(tmp_path):
 
 
 def test_a_runs_request_is_named_owned_and_deadlined_from_the_pipelines_values(store_env, monkeypatch):
-    from cifar10_kfp.config import make_config
+    from cifar10_kfp.train.config import make_config
     from cifar10_kfp.trainjob import job_name, request_for_run
 
     monkeypatch.setenv("KFP_POD_NAME", "training-x-system-container-impl-7")

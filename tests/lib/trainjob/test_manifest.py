@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from kubeflow_trainer_api import models as trainer_models
 
-from cifar10_kfp.config import make_config
+from cifar10_kfp.train.config import make_config
 from cifar10_kfp.trainjob import (
     MAX_JOB_NAME,
     MAX_POD_NAME,

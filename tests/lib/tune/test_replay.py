@@ -12,9 +12,9 @@ import math
 
 import pytest
 
-from cifar10_kfp.param_validation import validate_pipeline_params
+from cifar10_kfp.params.space import parse_search_space
+from cifar10_kfp.params.validation import validate_pipeline_params
 from cifar10_kfp.tune.replay import candidates, config_key, epochs_to_target, replay_study, stop_at_target
-from cifar10_kfp.tune.space import parse_search_space
 
 
 def _values(space: dict, epochs: int, **more) -> dict:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from cifar10_kfp.data.format import save_prepared
-from cifar10_kfp.param_validation import validate_pipeline_params
-from cifar10_kfp.params import train_config
+from cifar10_kfp.params.table import train_config
+from cifar10_kfp.params.validation import validate_pipeline_params
 from cifar10_kfp.tune.study import run_study, trial_config
 from tests.support.data import make_tiny_dataset
 
@@ -75,7 +75,7 @@ def test_trials_run_at_once_one_per_device_slot_and_the_study_still_counts_them(
 def test_the_best_params_reach_the_train_step_settings():
     values = _values(search_space='{"lr": {"type": "float", "low": 0.01, "high": 0.1}, '
                                   '"label_smoothing": {"type": "float", "low": 0.0, "high": 0.2}}')  # fmt: skip
-    from cifar10_kfp.params import training_settings
+    from cifar10_kfp.params.table import training_settings
     from cifar10_kfp.tune.study import training_with
 
     best = {"lr": 0.042, "label_smoothing": 0.13}
@@ -153,8 +153,8 @@ def test_a_live_study_makes_exactly_the_decisions_of_its_replay(tmp_path, tiny_d
     """The benchmark's premise: trials read from a learning-curve table (each configuration trained once, in
     full, by the live trial function) give the live study's trials, values, pruning and costs exactly."""
     from cifar10_kfp.data.format import load_prepared
+    from cifar10_kfp.params.space import parse_search_space
     from cifar10_kfp.tune.replay import candidates, learning_curves, replay_study
-    from cifar10_kfp.tune.space import parse_search_space
 
     space = {"lr": {"type": "categorical", "choices": [0.0005, 0.005, 0.02, 0.05]},
              "label_smoothing": {"type": "categorical", "choices": [0.0, 0.2]}}  # fmt: skip

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from cifar10_kfp.params import CONFIG_KNOBS, train_config
+from cifar10_kfp.params.table import CONFIG_KNOBS, train_config
 from cifar10_kfp_pipelines.cli import main as cli_main
 from cifar10_kfp_pipelines.commands.train import add_arguments, config_from_args
 

@@ -98,7 +98,7 @@ def _library_steps(params: dict, workdir: Path) -> dict:
     with timed("imports"):
         from cifar10_kfp.data.download import fetch_dataset
         from cifar10_kfp.data.preprocess import prepare_to_file
-        from cifar10_kfp.evaluate.evaluation import evaluate_model, write_outputs
+        from cifar10_kfp.evaluate import evaluate_model, write_outputs
         from cifar10_kfp.params.table import train_config, training_settings
         from cifar10_kfp.params.validation import validate_pipeline_params
         from cifar10_kfp.publish.release import publish_model, run_gate

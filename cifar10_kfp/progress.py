@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 import sys
 import time
+from collections.abc import Mapping
 
 from cifar10_kfp.env_settings import env_number
 
@@ -34,7 +35,7 @@ def is_progress_line(line: str) -> bool:
     return bool(_METER_LINE.match(text) or _EPOCH_HEADER.match(text) or _EPOCH_ROW.match(text))
 
 
-def interval_s(env: dict[str, str] | None = None) -> float:
+def interval_s(env: Mapping[str, str] | None = None) -> float:
     """Seconds between two progress lines off a terminal (``CIFAR10_KFP_PROGRESS_INTERVAL_S``)."""
     return env_number(INTERVAL_ENV, DEFAULT_INTERVAL_S, allow_zero=True, env=env)
 

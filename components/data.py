@@ -70,12 +70,13 @@ def preprocess_dataset(
     storage_prefix: str,
     minio_endpoint: str,
     dataset: Output[Dataset],
+    skip_bad_images: int = 0,
 ):
     """Decode the verified archive into one prepared-dataset file (safetensors, no pickle).
 
     Args:
         archive: The pointer written by ``download_dataset``.
-        val_fraction: Share of the train split held out for validation, stratified, in [0, 1).
+        val_fraction: Share of the train split held out for validation, stratified, in [0, 0.5].
         max_train_samples: Stratified subset of the train split (before the val split); 0 = all.
         max_test_samples: Stratified subset of the test split; 0 = all.
         image_size: Output images are image_size x image_size (CIFAR-10 is 32).
@@ -85,7 +86,8 @@ def preprocess_dataset(
         minio_endpoint: The object store's host:port the pipeline was compiled for (see ``download_dataset``).
         dataset: The prepared dataset (``dataset.safetensors``). Metadata: counts, class_names,
             mean, std, image_size, source_digest, format_version, preprocess_version, cache_uri,
-            cache_hit.
+            cache_hit, skipped_images (how many were left out).
+        skip_bad_images: 1 leaves out undecodable image-folder images, named in the metadata; 0 fails on one.
     """
     import json
 
@@ -107,11 +109,21 @@ def preprocess_dataset(
         max_test_samples=max_test_samples,
         image_size=image_size,
         seed=seed,
+        skip_bad_images=bool(skip_bad_images),
         source_digest=pointer["sha256"],
         store=store,
     )
     meta = info.metadata
-    keys = ("counts", "sizes", "class_names", "mean", "std", "image_size", "source_digest", "format_version")
+    keys: tuple[str, ...] = (
+        "counts",
+        "sizes",
+        "class_names",
+        "mean",
+        "std",
+        "image_size",
+        "source_digest",
+        "format_version",
+    )
     keys += ("preprocess_version",)
     dataset.metadata.update({key: meta[key] for key in keys})
     dataset.metadata.update(
@@ -121,5 +133,6 @@ def preprocess_dataset(
         seed=seed,
         cache_uri=info.cache_uri,
         cache_hit=info.cache_hit,
+        skipped_images=len(meta.get("skipped_images") or []),
     )
     print(json.dumps({k: dataset.metadata[k] for k in ("sizes", "mean", "std", "cache_hit")}, sort_keys=True))

@@ -24,7 +24,7 @@ def gate_model(
     bucket: str,
     storage_prefix: str,
     decision: Output[Artifact],
-) -> NamedTuple("GateOutputs", [("passed", bool), ("champion_accuracy", float)]):
+) -> NamedTuple("GateOutputs", [("passed", bool), ("champion_accuracy", float)]):  # type: ignore[valid-type]  # KFP's output idiom, evaluated in the pod
     """Decide whether the challenger may be published.
 
     Args:
@@ -60,38 +60,49 @@ def gate_model(
     record_gate_decision(store, record)  # the run summary tells "not published" from "failed" by it
     champion = -1.0 if result.champion_accuracy is None else result.champion_accuracy
     freeze_heap_before_exit()  # the process ends next: spare its exit a collection over torch's objects
-    return namedtuple("GateOutputs", ["passed", "champion_accuracy"])(result.passed, champion)
+    GateOutputs = namedtuple("GateOutputs", ["passed", "champion_accuracy"])
+    return GateOutputs(result.passed, champion)
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
 def publish_model(
     model: Input[Model],
     dataset: Input[Dataset],
+    gate_decision: Input[Artifact],
     test_accuracy: float,
+    test_accuracy_plain: float,
     model_name: str,
     run_id: str,
     bucket: str,
     storage_prefix: str,
+    model_registry_url: str,
+    image: str,
     card: Output[Markdown],
     inference_service: Output[Artifact],
-) -> NamedTuple("PublishOutputs", [("uri", str), ("version", str)]):
-    """Publish the model as a new version and move ``latest`` to it.
+) -> NamedTuple("PublishOutputs", [("uri", str), ("version", str), ("registration", str)]):  # type: ignore[valid-type]  # KFP's output idiom, evaluated in the pod
+    """Publish the model as a new version, register it in Kubeflow Model Registry if asked, and move ``latest``.
 
     Args:
         model: The model directory to publish.
         dataset: The prepared dataset it was evaluated on (its digest goes into the model card).
-        test_accuracy: The test accuracy, recorded in the model card.
+        gate_decision: The gate's decision (JSON), recorded with a registered version.
+        test_accuracy: The test accuracy (as served, flip TTA), recorded in the model card.
+        test_accuracy_plain: The single-view test accuracy; negative when not measured (the sweep).
         model_name: The name to publish under: ``<root>/models/<model_name>/<version>/``.
         run_id: The KFP run id, part of the version and recorded in the card.
         bucket: Object-store bucket, empty for the configured one.
         storage_prefix: Key prefix, empty for the configured one.
+        model_registry_url: Kubeflow Model Registry to register the version in; empty for none.
+        image: The image the pipeline's steps run in, recorded with a registered version.
         card: The model card (Markdown).
         inference_service: A KServe InferenceService manifest (YAML) for the new version.
 
     Returns:
         uri: The published version's URI.
         version: The version, ``YYYYMMDDTHHMMSSZ-<run id>``.
+        registration: JSON of where the version is registered; empty when no registry was given.
     """
+    import json
     from collections import namedtuple
 
     from cifar10_kfp.publish import dataset_digests
@@ -101,10 +112,15 @@ def publish_model(
 
     report_failures(bucket, storage_prefix)
     digests = dataset_digests(dataset.path)
+    with open(gate_decision.path, encoding="utf-8") as fh:
+        decision = json.load(fh)
+    metrics = {"test_accuracy": test_accuracy}
+    if test_accuracy_plain >= 0:
+        metrics["test_accuracy_plain"] = test_accuracy_plain
     result = publish(
         model.path,
         model_name=model_name,
-        metrics={"test_accuracy": test_accuracy},
+        metrics=metrics,
         dataset_digest=digests["prepared_sha256"],
         params={
             "source_digest": digests["source_digest"],
@@ -113,12 +129,20 @@ def publish_model(
         },
         run_id=run_id,
         store=open_store(bucket or None, storage_prefix or None),
+        model_registry_url=model_registry_url,
+        gate={
+            "verdict": "passed" if decision.get("passed") else "failed",
+            "reason": decision.get("reason", ""),
+        },
+        image=image,
     )
     with open(card.path, "w", encoding="utf-8") as fh:
         fh.write(result.card_markdown)
     with open(inference_service.path, "w", encoding="utf-8") as fh:
         fh.write(result.inference_service_yaml)
     card.metadata.update({"uri": result.uri, "version": result.version})
+    if result.registration:
+        card.metadata["model_registry_uri"] = result.registration["registry_uri"]
     inference_service.metadata.update(
         {
             "storageUri": result.inference_service["spec"]["predictor"]["model"]["storageUri"],
@@ -126,4 +150,6 @@ def publish_model(
         }
     )
     freeze_heap_before_exit()  # the process ends next: spare its exit a collection over torch's objects
-    return namedtuple("PublishOutputs", ["uri", "version"])(result.uri, result.version)
+    registration = json.dumps(result.registration, sort_keys=True) if result.registration else ""
+    PublishOutputs = namedtuple("PublishOutputs", ["uri", "version", "registration"])
+    return PublishOutputs(result.uri, result.version, registration)

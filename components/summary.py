@@ -113,12 +113,15 @@ def record_sweep_outputs(
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
-def record_publication(uri: str, version: str, run_id: str, bucket: str, storage_prefix: str) -> str:
-    """Record where the gate published the model.
+def record_publication(
+    uri: str, version: str, registration: str, run_id: str, bucket: str, storage_prefix: str
+) -> str:
+    """Record where the gate published the model (and where it is registered).
 
     Args:
         uri: Where the published model is.
         version: The published version.
+        registration: JSON of its Kubeflow Model Registry registration; empty when none.
         run_id: The KFP run id.
         bucket: Object-store bucket, empty for the configured one.
         storage_prefix: Object-store key prefix, empty for the configured one.
@@ -126,12 +129,17 @@ def record_publication(uri: str, version: str, run_id: str, bucket: str, storage
     Returns:
         The URI of the record (``<root>/runs/<run_id>/published.json``).
     """
+    import json
+
     from cifar10_kfp.runs import RunRecords, report_failures
     from cifar10_kfp.storage import open_store
 
     report_failures(bucket, storage_prefix)
     records = RunRecords(open_store(bucket or None, storage_prefix or None), run_id)
-    record_uri = records.write("published.json", {"uri": uri, "version": version})
+    record = {"uri": uri, "version": version}
+    if registration:
+        record["model_registry"] = json.loads(registration)
+    record_uri = records.write("published.json", record)
     print("recorded", record_uri)
     return record_uri
 

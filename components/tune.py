@@ -27,7 +27,7 @@ def tune_hyperparameters(
     metrics: Output[Metrics],
     report: Output[HTML],
     trials: Output[Artifact],
-) -> NamedTuple("Tuned", [("best_training", dict), ("best_params", dict), ("best_value", float)]):
+) -> NamedTuple("Tuned", [("best_training", dict), ("best_params", dict), ("best_value", float)]):  # type: ignore[valid-type]  # KFP's output idiom, evaluated in the pod
     """Search hyperparameters with an Optuna study (sampler, pruner, trials: the pipeline's parameters).
 
     Args:
@@ -68,8 +68,8 @@ def tune_hyperparameters(
         metrics.log_metric(name, float(value))
     metrics.metadata["best_params"] = json.dumps(result.best_params, sort_keys=True)
     metrics.metadata["study_uri"] = study_uri
-    outputs = namedtuple("Tuned", ["best_training", "best_params", "best_value"])
-    return outputs(result.best_training, result.best_params, result.best_value)
+    Tuned = namedtuple("Tuned", ["best_training", "best_params", "best_value"])
+    return Tuned(result.best_training, result.best_params, result.best_value)
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)

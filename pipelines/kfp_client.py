@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,7 @@ class Login:
         host: str | None = None,
         token: str | None = None,
         cookies: str | None = None,
-        env: dict[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> Login:
         """Flags first, then environment variables, then the in-cluster service-account token."""
         env = os.environ if env is None else env
@@ -124,15 +125,71 @@ def make_client(login: Login | str, namespace: str = "kubeflow"):
             return kfp.Client(namespace=namespace, **login.client_kwargs())
 
 
+KFP_UNREACHABLE_CHECK = (
+    "check that the port-forward is running (`kubectl -n kubeflow port-forward svc/ml-pipeline-ui 8080:80`) "
+    f"and that --host / {ENDPOINT_ENV} names it, or that your kubeconfig's context is the cluster you mean "
+    "(`kubectl config current-context`)"
+)
+
+
 @contextlib.contextmanager
 def explained_api_errors(login: Login, what: str = "the KFP API"):
-    """Turn an HTTP error of the KFP API into a ``RuntimeError`` that says what to do, with secrets redacted."""
+    """Turn an HTTP error of the KFP API into a ``RuntimeError`` that says what to do, with secrets redacted;
+    an API that cannot be reached at all (refused, timed out) into one line saying so."""
     from kfp_server_api.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
 
     try:
-        yield
+        with quiet_retries():
+            yield
     except ApiException as exc:
         raise RuntimeError(login.redact(describe_api_error(exc, login, what))) from None
+    except HTTPError as exc:  # urllib3 gave up: no HTTP answer at all
+        message = f"{what} at {login.host} {unreachable_reason(exc)}; {KFP_UNREACHABLE_CHECK}"
+        raise RuntimeError(login.redact(message)) from None
+
+
+@contextlib.contextmanager
+def quiet_retries():
+    """Without -v, hide urllib3's warning per retry of a refused connection: three lines before the
+    one that explains the failure. With -v (the root logger at DEBUG) they stay."""
+    import logging
+
+    pool_log = logging.getLogger("urllib3.connectionpool")
+    saved = pool_log.level
+    if logging.getLogger().level > logging.DEBUG:
+        pool_log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        pool_log.setLevel(saved)
+
+
+def unreachable_reason(exc: BaseException) -> str:
+    """Why a urllib3 request got no answer, in words: refused, timed out, unknown host or dropped."""
+    from urllib3.exceptions import (
+        ConnectTimeoutError,
+        MaxRetryError,
+        NameResolutionError,
+        NewConnectionError,
+        ProtocolError,
+        ReadTimeoutError,
+    )
+
+    reason = exc.reason if isinstance(exc, MaxRetryError) and exc.reason is not None else exc
+    text = str(reason)
+    if isinstance(reason, NameResolutionError):
+        return "is unreachable: its host name does not resolve"
+    if isinstance(reason, NewConnectionError) and "refused" in text.lower():
+        return "refused the connection (nothing listens there)"
+    if isinstance(reason, (ConnectTimeoutError, ReadTimeoutError)) and not isinstance(
+        reason, NewConnectionError
+    ):
+        return "did not answer: the connection timed out"
+    if isinstance(reason, ProtocolError):
+        return f"dropped the connection ({str(reason.args[0]).rstrip('.') if reason.args else text})"
+    detail = text.rpartition("]")[2].strip(" )\"'") or text
+    return f"is unreachable ({detail})"
 
 
 def describe_api_error(exc, login: Login, what: str = "the KFP API") -> str:

@@ -231,6 +231,7 @@ def task_output_routed(console) -> Iterator[None]:
         env = {**os.environ, **env_vars} if env_vars else None
         with subprocess.Popen(full_command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               bufsize=1, env=env, errors="replace") as process:  # fmt: skip
+            assert process.stdout is not None  # stdout=PIPE
             for line in iter(process.stdout.readline, ""):
                 console.task_line(line)
             return process.wait()

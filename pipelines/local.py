@@ -85,7 +85,22 @@ def _resolve_params(pipeline: str, params: dict[str, Any], validate: bool = True
     build = validate_build_params({k: v for k, v in params.items() if k in build_names}, pipeline)
     run = {k: v for k, v in params.items() if k not in build_names}
     # Validate here too: a bad value fails before a server starts; the pipeline validates again.
-    return (validate_pipeline_params(run, pipeline) if validate else coerce_params(run, pipeline)), build
+    values = validate_pipeline_params(run, pipeline) if validate else coerce_params(run, pipeline)
+    _refuse_multi_node(values)
+    return values, build
+
+
+def _refuse_multi_node(values: dict[str, Any]) -> None:
+    """num_nodes > 1 is valid on a cluster but cannot run here: refused before anything starts, not at
+    the train step after the download and preprocess steps have run."""
+    nodes = values.get("num_nodes", 1)
+    if isinstance(nodes, int) and nodes > 1:
+        raise ValueError(
+            f"num_nodes={nodes} cannot run locally: run-local runs every step on this one machine, and "
+            "more than one node hands training to a Kubeflow Trainer TrainJob, which needs a cluster. Use "
+            "num_nodes=1 here (num_gpus=N for several GPUs of this machine), or `cifar10-kfp submit --param "
+            f"num_nodes={nodes} ...` to a cluster (docs/multi-node.md)"
+        )
 
 
 # Device nodes of the GPU drivers torch can use on Linux: NVIDIA (Jetson's too), AMD ROCm, WSL.
@@ -196,7 +211,7 @@ def run_local(
             error = _plain(str(exc))
         summary = _read_summary(run_root)
     summary = _with_local_failure(summary, error)
-    if not verbose:
+    if not verbose and task_console is not None:  # quiet_output's console (None only when verbose)
         _name_the_logs(summary, log_dir, task_console.task_logs)
     summary.update(
         pipeline=f"cifar10-{short}",
@@ -254,6 +269,12 @@ def _plain(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
+def _as_typed(path: str) -> str:
+    """``path`` as a user would type it here: relative when under the working directory."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
+
+
 def format_summary(summary: dict) -> str:
     """The final table ``run-local`` prints: status, metrics and where everything is.
 
@@ -263,19 +284,27 @@ def format_summary(summary: dict) -> str:
     rows = [("status", summary.get("status", "?")), ("pipeline", summary.get("pipeline", ""))]
     for key, value in sorted((summary.get("metrics") or {}).items()):
         rows.append((key, f"{value:.4f}" if isinstance(value, float) else json.dumps(value)))
+    from cifar10_kfp.runs import recorded_cause, unpublished_reason
+
     published = summary.get("published")
-    rows.append(("published", f"{published['uri']} (version {published['version']})" if published else "no"))
+    rows.append(("published", f"{published['uri']} (version {published['version']})" if published
+                 else f"no ({unpublished_reason(summary)})"))  # fmt: skip
+    if published and published.get("model_registry"):
+        registered = published["model_registry"]
+        rows.append(("model registry", f"{registered['registry_uri']} at {registered['url']}"))
     rows += [(key, str(value)) for key, value in sorted((summary.get("artifacts") or {}).items()) if value]
     if summary.get("object_store_data"):
         rows.append(
-            ("object store", f"{summary['object_store_data']} (browse: cifar10-kfp store --data-dir ...)")
+            (
+                "object store",
+                f"{summary['object_store_data']} (browse: cifar10-kfp store --data-dir "
+                f"{_as_typed(summary['object_store_data'])})",
+            )  # fmt: skip
         )
     rows += [(label, summary[key]) for label, key in (("local outputs", "local_root"), ("logs", "logs"))
              if summary.get(key)]  # fmt: skip
     if summary.get("status") != "SUCCEEDED":
         rows += [("failed step", summary.get("failed_task") or "?"), ("error", summary.get("error") or "?")]
-        from cifar10_kfp.runs import recorded_cause
-
         cause = recorded_cause(summary)
         rows += [("caused by", cause)] if cause else []
         rows += [("failed step log", summary["failed_task_log"])] if summary.get("failed_task_log") else []

@@ -37,7 +37,8 @@ def pipeline_from_params(pipeline: str, *, name: str, summary: str) -> Callable:
             return body(SimpleNamespace(**dict(zip(names, channels, strict=True))))
 
         pipeline_func.__name__ = pipeline_func.__qualname__ = body.__name__
-        pipeline_func.__signature__ = signature(pipeline)
+        # inspect.signature reads __signature__; typeshed's function type does not declare it.
+        pipeline_func.__signature__ = signature(pipeline)  # type: ignore[attr-defined]
         pipeline_func.__doc__ = docstring(pipeline, summary)
         return dsl.pipeline(name=name)(pipeline_func)
 
@@ -75,7 +76,7 @@ def validated_data(policy, p: SimpleNamespace, validate_component):
     preprocess = preprocess_dataset(
         archive=download.outputs["archive"], val_fraction=p.val_fraction, max_train_samples=p.max_train_samples,
         max_test_samples=p.max_test_samples, image_size=p.image_size, seed=p.seed,
-        minio_endpoint=policy.minio_endpoint, **storage(p),
+        skip_bad_images=p.skip_bad_images, minio_endpoint=policy.minio_endpoint, **storage(p),
     ).set_display_name("preprocess")  # fmt: skip
     policy.step(preprocess, "preprocess")
     return validate, download, preprocess
@@ -90,8 +91,14 @@ def evaluate(policy, train, dataset):
     return evaluation
 
 
-def gate_and_publish(policy, p: SimpleNamespace, *, model, dataset, test_accuracy) -> None:
-    """Publish ``model`` (and record the publication) only if it passes the gate."""
+def gate_and_publish(
+    policy, p: SimpleNamespace, *, model, dataset, test_accuracy, test_accuracy_plain=-1.0
+) -> None:
+    """Publish ``model`` (and record the publication) only if it passes the gate.
+
+    ``test_accuracy_plain``: the single-view accuracy, recorded with a registered version; -1 when
+    the pipeline did not measure it.
+    """
     gate = gate_model(
         model=model, dataset=dataset, test_accuracy=test_accuracy, min_accuracy=p.min_accuracy,
         model_name=p.model_name, **storage(p),
@@ -99,11 +106,13 @@ def gate_and_publish(policy, p: SimpleNamespace, *, model, dataset, test_accurac
     policy.step(gate, "gate")
     with dsl.If(gate.outputs["passed"] == True, name="gate-passed"):  # noqa: E712 - a KFP condition, not Python
         publish = publish_model(
-            model=model, dataset=dataset, test_accuracy=test_accuracy, model_name=p.model_name, run_id=RUN_ID,
-            **storage(p),
+            model=model, dataset=dataset, gate_decision=gate.outputs["decision"], test_accuracy=test_accuracy,
+            test_accuracy_plain=test_accuracy_plain, model_name=p.model_name, run_id=RUN_ID,
+            model_registry_url=p.model_registry_url, image=policy.image, **storage(p),
         ).set_display_name("publish")  # fmt: skip
         policy.step(publish, "publish")
         published = record_publication(
-            uri=publish.outputs["uri"], version=publish.outputs["version"], run_id=RUN_ID, **storage(p)
-        ).set_display_name("record-publication")
+            uri=publish.outputs["uri"], version=publish.outputs["version"],
+            registration=publish.outputs["registration"], run_id=RUN_ID, **storage(p),
+        ).set_display_name("record-publication")  # fmt: skip
         policy.step(published, "record")

@@ -44,8 +44,9 @@ def evaluate_and_publish(policy, p, *, train, download, preprocess, validate):
     ).set_display_name("record-outputs")  # fmt: skip
     policy.step(record, "record")
     steps.gate_and_publish(
-        policy, p, model=train.outputs["model"], dataset=dataset, test_accuracy=test_accuracy
-    )
+        policy, p, model=train.outputs["model"], dataset=dataset, test_accuracy=test_accuracy,
+        test_accuracy_plain=evaluation.outputs["test_accuracy_plain"],
+    )  # fmt: skip
 
 
 @quick_task_settings()

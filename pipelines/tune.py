@@ -59,8 +59,9 @@ def build_tune_pipeline(policy: ClusterPolicy | None = None):
             ).set_display_name("record-outputs")  # fmt: skip
             policy.step(record, "record")
             steps.gate_and_publish(
-                policy, p, model=train.outputs["model"], dataset=dataset, test_accuracy=test_accuracy
-            )
+                policy, p, model=train.outputs["model"], dataset=dataset, test_accuracy=test_accuracy,
+                test_accuracy_plain=evaluation.outputs["test_accuracy_plain"],
+            )  # fmt: skip
 
     return cifar10_tune
 

@@ -17,7 +17,7 @@ from cifar10_kfp import lazy_exports
 if TYPE_CHECKING:
     from cifar10_kfp.data.download import ChecksumError, DownloadResult, fetch_dataset
     from cifar10_kfp.data.format import PreparedDataset, load_prepared, read_metadata, save_prepared
-    from cifar10_kfp.data.layout import CIFAR10_CHECKSUM, CIFAR10_URL
+    from cifar10_kfp.data.layout import CIFAR10_CHECKSUM, CIFAR10_URL, MAX_VAL_FRACTION
     from cifar10_kfp.data.preprocess import (
         PrepareParams,
         prepare_dataset,
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CIFAR10_CHECKSUM", "CIFAR10_URL", "ChecksumError", "DownloadResult", "PrepareParams", "PreparedDataset",
-    "fetch_dataset", "load_prepared", "prepare_dataset", "prepare_from_source", "prepare_to_file",
+    "MAX_VAL_FRACTION", "fetch_dataset", "load_prepared", "prepare_dataset", "prepare_from_source", "prepare_to_file",
     "read_metadata", "save_prepared",
 ]  # fmt: skip
 __getattr__, __dir__ = lazy_exports(__name__, __file__)

@@ -126,6 +126,15 @@ def _fetch(source: str, kind: str, workdir: Path, limits: DownloadLimits, store:
     """Fetch into ``workdir`` (or use a local file in place); returns ``(path, hasher, is_copy)``."""
     if kind == "local":
         path = parse_uri(source).path
+        if path is None:  # a local source always parses to a path
+            raise FileNotFoundError(f"dataset source {source!r}: no such file")
+        if path.is_dir():
+            folder = path if path.name else path.resolve()  # "." has no name of its own
+            raise ValueError(
+                f"dataset source {source!r} is a folder; folders are not supported, only archives (.tar, "
+                f".tar.gz, .tgz, .zip). Pack it, with train/ and test/ inside: "
+                f"tar czf {folder.name}.tar.gz -C {folder.parent} {folder.name}"
+            )
         if not path.is_file():
             raise FileNotFoundError(f"dataset source {source!r}: no such file {path}")
         size = path.stat().st_size

@@ -114,7 +114,7 @@ def fetch_http_once(url: str, dst: Path, limits: DownloadLimits, deadline: float
 
         token = f"{unquote(parsed.username)}:{unquote(parsed.password or '')}".encode()
         headers["Authorization"] = "Basic " + base64.b64encode(token).decode()
-        netloc = parsed.hostname + (f":{parsed.port}" if parsed.port else "")
+        netloc = (parsed.hostname or "") + (f":{parsed.port}" if parsed.port else "")
         url = urlunparse(parsed._replace(netloc=netloc))
     request = urllib.request.Request(url, headers=headers)
     shown = redact_source(url)

@@ -1,4 +1,4 @@
-"""Decode encoded images (JPEG/PNG bytes) into one uint8 N x 3 x S x S array, in parallel.
+"""Decode encoded images (any format Pillow reads) into one uint8 N x 3 x S x S array, in parallel.
 
 Every image becomes RGB (grayscale, palette, RGBA and CMYK convert the way torchvision's
 ``ImageFolder`` loader does, ``convert("RGB")``, so serving code sees the same pixels) and is
@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import re
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -52,15 +53,28 @@ def decode_one(name: str, data: bytes, size: int, out: np.ndarray) -> None:
     except ImageDecodeError:
         raise
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
-        raise ImageDecodeError(f"cannot decode image {name}: {type(exc).__name__}: {exc}") from exc
+        # Pillow names the in-memory buffer ("cannot identify image file <_io.BytesIO object at 0x...>");
+        # the member name already says which file.
+        detail = _BUFFER_REPR.sub("", str(exc)).strip()
+        raise ImageDecodeError(f"cannot decode image {name}: {type(exc).__name__}: {detail}") from exc
 
 
-def _decode_chunk(args: tuple[list[str], list[bytes], int]) -> np.ndarray:
-    names, blobs, size = args
+_BUFFER_REPR = re.compile(r"\s*<_io\.BytesIO object at 0x[0-9a-fA-F]+>")
+
+
+def _decode_chunk(args: tuple[list[str], list[bytes], int, bool]) -> tuple[np.ndarray, list[tuple[int, str]]]:
+    """Decode one chunk; with ``skip``, an undecodable image is listed as ``(index, error)`` instead of raising."""
+    names, blobs, size, skip = args
     out = np.empty((len(blobs), 3, size, size), dtype=np.uint8)
+    failed = []
     for i, (name, data) in enumerate(zip(names, blobs)):
-        decode_one(name, data, size, out[i])
-    return out
+        try:
+            decode_one(name, data, size, out[i])
+        except ImageDecodeError as exc:
+            if not skip:
+                raise
+            failed.append((i, str(exc)))
+    return out, failed
 
 
 def _cgroup_cpu_limit() -> int | None:
@@ -73,9 +87,9 @@ def _cgroup_cpu_limit() -> int | None:
     except (OSError, ValueError):
         pass
     try:
-        quota = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
-        period = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
-        return max(1, -(-quota // period)) if quota > 0 and period > 0 else None
+        quota_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
+        period_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+        return max(1, -(-quota_us // period_us)) if quota_us > 0 and period_us > 0 else None
     except (OSError, ValueError):
         return None
 
@@ -106,17 +120,44 @@ def decode_images(
     """Decode ``blobs`` (named ``names`` for errors) into uint8 [N, 3, size, size], in input order.
 
     Uses ``workers`` processes (default ``default_workers()``) when there are at least
-    ``min_parallel`` images; fewer are decoded in this process.
+    ``min_parallel`` images; fewer are decoded in this process. The first undecodable image
+    raises ``ImageDecodeError`` naming it.
     """
+    out, _ = _decode_all(names, blobs, size, workers, min_parallel, skip=False)
+    return out
+
+
+def decode_images_skipping(
+    names: list[str],
+    blobs: list[bytes],
+    size: int,
+    *,
+    workers: int | None = None,
+    min_parallel: int = _PARALLEL_MIN,
+) -> tuple[np.ndarray, list[int], list[tuple[str, str]]]:
+    """``decode_images``, leaving out the images that cannot be decoded.
+
+    Returns the decoded images, the input indices they came from (in order), and one
+    ``(name, error)`` per skipped image.
+    """
+    out, failed = _decode_all(names, blobs, size, workers, min_parallel, skip=True)
+    bad = {i for i, _ in failed}
+    kept = [i for i in range(len(blobs)) if i not in bad]
+    images = out[kept] if bad else out
+    return images, kept, [(names[i], error) for i, error in failed]
+
+
+def _decode_all(names, blobs, size, workers, min_parallel, skip: bool):
+    """(uint8 [N, 3, size, size], [(input index, error) of images not decoded]); see ``decode_images``."""
     if len(names) != len(blobs):
         raise ValueError("names and blobs differ in length")
     workers = default_workers() if workers is None else workers
     parallel = workers > 1 and len(blobs) >= min_parallel and _can_start_workers()
     step = min(_CHUNK_IMAGES, -(-len(blobs) // (workers * 2))) if parallel else _CHUNK_IMAGES
     if len(blobs) <= step:
-        return _decode_chunk((names, blobs, size))  # small: no meter, no pool
+        return _decode_chunk((names, blobs, size, skip))  # small: no meter, no pool
     out = np.empty((len(blobs), 3, size, size), dtype=np.uint8)
-    tasks = [(names[i : i + step], blobs[i : i + step], size) for i in range(0, len(blobs), step)]
+    tasks = [(names[i : i + step], blobs[i : i + step], size, skip) for i in range(0, len(blobs), step)]
     with ProgressMeter("decode", len(blobs), unit="img") as meter:
         if parallel:
             try:
@@ -127,7 +168,9 @@ def decode_images(
         return _fill(out, map(_decode_chunk, tasks), meter)
 
 
-def _decode_in_pool(tasks: list, workers: int, out: np.ndarray, meter: ProgressMeter) -> np.ndarray:
+def _decode_in_pool(
+    tasks: list, workers: int, out: np.ndarray, meter: ProgressMeter
+) -> tuple[np.ndarray, list[tuple[int, str]]]:
     import multiprocessing
 
     # forkserver: no fork of a process that may hold threads (object-store clients, torch) or locks.
@@ -136,14 +179,16 @@ def _decode_in_pool(tasks: list, workers: int, out: np.ndarray, meter: ProgressM
         return _fill(out, pool.map(_decode_chunk, tasks), meter)
 
 
-def _fill(out: np.ndarray, chunks, meter: ProgressMeter) -> np.ndarray:
-    """Copy decoded chunks, in order, into ``out``."""
+def _fill(out: np.ndarray, chunks, meter: ProgressMeter) -> tuple[np.ndarray, list[tuple[int, str]]]:
+    """Copy decoded chunks, in order, into ``out``; collect their failures with indices into ``out``."""
     i = 0
-    for chunk in chunks:
+    failed = []
+    for chunk, chunk_failed in chunks:
         out[i : i + len(chunk)] = chunk
+        failed += [(i + j, error) for j, error in chunk_failed]
         i += len(chunk)
         meter.update(len(chunk))
-    return out
+    return out, failed
 
 
 def _can_start_workers() -> bool:

@@ -6,11 +6,13 @@ content is parsed.
 - ``cifar10-python``: ``<dir>/data_batch_1`` .. ``data_batch_5``, ``<dir>/test_batch`` and
   ``<dir>/batches.meta`` (the official archive uses ``cifar-10-batches-py/``).
 - ``image-folder``: ``<root>/train/<class>/<image>`` and ``<root>/test/<class>/<image>`` with
-  ``.jpg``, ``.jpeg`` or ``.png`` images; ``<root>`` may be empty or any folder.
+  images in any format Pillow reads, by file extension (``.jpg``, ``.png``, ``.bmp``, ``.webp``,
+  ``.gif``, ``.tif`` ...: ``image_extensions()``); ``<root>`` may be empty or any folder.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import posixpath
 from collections.abc import Iterable
@@ -23,16 +25,27 @@ log = logging.getLogger(__name__)
 # The official CIFAR-10 archive (python batches) and its published md5: the default dataset.
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 CIFAR10_CHECKSUM = "md5:c58f30108f718f92721af3b95e74349a"
+# At most this share of the train split becomes validation: one rule for the pipeline's
+# val_fraction (params/table.py) and `cifar10-kfp data --val-fraction` (preprocess.PrepareParams).
+MAX_VAL_FRACTION = 0.5
 
 CIFAR10_PYTHON = "cifar10-python"
 IMAGE_FOLDER = "image-folder"
 FORMATS = (CIFAR10_PYTHON, IMAGE_FOLDER)
 OFFICIAL_TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
 OFFICIAL_FILES = (*OFFICIAL_TRAIN_BATCHES, "test_batch", "batches.meta")
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 SPLIT_DIRS = ("train", "test")
 # Files that operating systems and archivers add; never data.
 _JUNK_NAMES = {"thumbs.db", "desktop.ini"}
+
+
+@functools.cache
+def image_extensions() -> tuple[str, ...]:
+    """The file extensions of every format this Pillow can open (``predict`` reads the same ones)."""
+    from PIL import Image
+
+    Image.init()
+    return tuple(sorted(ext for ext, fmt in Image.registered_extensions().items() if fmt in Image.OPEN))
 
 
 def is_junk(name: str) -> bool:
@@ -90,7 +103,7 @@ def detect_layout(archive: str, members: list[ArchiveMember]) -> Layout:
     raise ArchiveError(
         f"{archive}: unrecognized dataset layout. Expected the official CIFAR-10 python batches "
         "(cifar-10-batches-py/data_batch_1..5, test_batch, batches.meta) or an image folder "
-        f"(<root>/train/<class>/*.jpg|png and <root>/test/<class>/*.jpg|png); top-level entries: {top}"
+        f"(<root>/train/<class>/<images> and <root>/test/<class>/<images>); top-level entries: {top}"
     )
 
 
@@ -132,9 +145,12 @@ def index_image_folder(archive: str, members: list[ArchiveMember], root: str) ->
                 f"{archive}: file {member.name!r} is not directly inside a class folder "
                 f"(expected {_join(root, split)}/<class>/<image>)"
             )
-        if not rel[2].lower().endswith(IMAGE_EXTENSIONS):
+        if not rel[2].lower().endswith(image_extensions()):
+            suffix = posixpath.splitext(rel[2])[1] or "no extension"
             raise ArchiveError(
-                f"{archive}: file {member.name!r} is not a .jpg, .jpeg or .png image; remove it from the class folder"
+                f"{archive}: file {member.name!r} is not an image: Pillow reads no {suffix!r} files (it reads "
+                f".jpg, .png, .bmp, .webp, .gif, .tiff and {len(image_extensions()) - 6} more); remove it from "
+                "the class folder"
             )
         per_split[split].setdefault(rel[1], []).append(member.name)
     for split, classes in per_split.items():

@@ -22,7 +22,7 @@ def _numpy_reconstruct():
     try:
         from numpy._core.multiarray import _reconstruct  # numpy >= 2
     except ImportError:  # pragma: no cover - numpy 1.x
-        from numpy.core.multiarray import _reconstruct
+        from numpy.core.multiarray import _reconstruct  # type: ignore[no-redef]  # the same function, numpy 1.x
     return _reconstruct
 
 

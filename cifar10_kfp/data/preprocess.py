@@ -30,6 +30,7 @@ import numpy as np
 
 import cifar10_kfp.data.official as official
 from cifar10_kfp.data.archives import ArchiveLimits, iter_archive
+from cifar10_kfp.data.download import DownloadResult
 from cifar10_kfp.data.format import (
     FORMAT_VERSION,
     PreparedDataset,
@@ -37,8 +38,14 @@ from cifar10_kfp.data.format import (
     read_metadata,
     save_prepared,
 )
-from cifar10_kfp.data.images import decode_images
-from cifar10_kfp.data.layout import CIFAR10_PYTHON, OFFICIAL_TRAIN_BATCHES, detect_layout, index_image_folder
+from cifar10_kfp.data.images import decode_images, decode_images_skipping
+from cifar10_kfp.data.layout import (
+    CIFAR10_PYTHON,
+    MAX_VAL_FRACTION,
+    OFFICIAL_TRAIN_BATCHES,
+    detect_layout,
+    index_image_folder,
+)
 from cifar10_kfp.data.splits import channel_stats, select_indices, split_validation, stratified_pick
 from cifar10_kfp.storage import ObjectNotFound, ObjectStore, is_remote, open_store, parse_uri, sha256_file
 
@@ -58,10 +65,17 @@ class PrepareParams:
     max_test_samples: int = 0  # stratified subset of the test split; 0 = all
     image_size: int = 32  # output images are image_size x image_size
     seed: int = 0  # drives the subsets and the split; same seed, same bytes
+    # Leave out image-folder images Pillow cannot decode (named in the metadata's skipped_images)
+    # instead of failing on the first one.
+    skip_bad_images: bool = False
 
     def __post_init__(self):
         checks = [
-            (0.0 <= float(self.val_fraction) < 1.0, "val_fraction", "in [0, 1)"),
+            (
+                0.0 <= float(self.val_fraction) <= MAX_VAL_FRACTION,
+                "val_fraction",
+                f"in [0, {MAX_VAL_FRACTION}]",
+            ),
             (int(self.max_train_samples) >= 0, "max_train_samples", ">= 0 (0 means all)"),
             (int(self.max_test_samples) >= 0, "max_test_samples", ">= 0 (0 means all)"),
             (8 <= int(self.image_size) <= MAX_IMAGE_SIZE, "image_size", f"in [8, {MAX_IMAGE_SIZE}]"),
@@ -78,11 +92,14 @@ class PrepareParams:
             "max_test_samples": int(self.max_test_samples),
             "image_size": int(self.image_size),
             "seed": int(self.seed),
+            "skip_bad_images": bool(self.skip_bad_images),
         }
 
     def cache_key(self, source_digest: str) -> str:
         """``<digest16>-<hash16>``: the source digest plus a hash of every input of the result."""
         inputs = dict(self.as_dict(), source_sha256=source_digest)
+        if not inputs["skip_bad_images"]:
+            del inputs["skip_bad_images"]  # the old behaviour: keys cached before this option stay valid
         inputs.update(format_version=FORMAT_VERSION, preprocess_version=PREPROCESS_VERSION)
         digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
         return f"{source_digest[:16]}-{digest[:16]}"
@@ -142,10 +159,7 @@ def _load_official(archive: str, files: dict[str, bytes], root: str, params: Pre
         test_y[test_idx],
     )
     if params.image_size != official.IMAGE_SHAPE[-1]:
-        train_x, test_x = (
-            _resize_arrays(train_x, params.image_size),
-            _resize_arrays(test_x, params.image_size),
-        )
+        train_x, test_x = (_resize_arrays(x, params.image_size) for x in (train_x, test_x))
     return class_names, (train_x, train_y), (test_x, test_y)
 
 
@@ -153,15 +167,27 @@ def _load_image_folder(
     archive: str, members, files: dict[str, bytes], root: str, params: PrepareParams, rngs
 ):
     index = index_image_folder(archive, members, root)
-    out = []
+    out, skipped = [], []
     for split, limit in (("train", params.max_train_samples), ("test", params.max_test_samples)):
         entries = index.files[split]
         labels = np.asarray([label for _, label in entries], dtype=np.int64)
         chosen = select_indices(labels, limit, rngs[split])
         names = [entries[i][0] for i in chosen]
-        images = decode_images(names, [files[n] for n in names], params.image_size)
-        out.append((images, labels[chosen]))
-    return index.class_names, out[0], out[1]
+        blobs = [files[n] for n in names]
+        if not params.skip_bad_images:
+            out.append((decode_images(names, blobs, params.image_size), labels[chosen]))
+            continue
+        images, kept, failed = decode_images_skipping(names, blobs, params.image_size)
+        for name, error in failed:
+            log.warning("skipping %s (skip_bad_images): %s", name, error)
+        skipped += [{"name": name, "error": error} for name, error in failed]
+        kept_labels = labels[np.asarray(chosen, dtype=np.int64)[kept]] if kept else labels[:0]
+        empty = [name for i, name in enumerate(index.class_names) if not np.any(kept_labels == i)]
+        if split == "train" and empty:  # the split and the model need every class
+            raise ValueError(f"{archive}: no decodable train image left in class folder(s) {empty} after skipping "
+                             f"{len(failed)} undecodable image(s)")  # fmt: skip
+        out.append((images, kept_labels))
+    return index.class_names, out[0], out[1], skipped
 
 
 def build_dataset(
@@ -180,10 +206,13 @@ def build_dataset(
             files[member.name] = data
     layout = detect_layout(archive, members)
     rngs = _rngs(params.seed)
+    skipped: list[dict] = []
     if layout.format == CIFAR10_PYTHON:
         class_names, train, test = _load_official(archive, files, layout.root, params, rngs)
     else:
-        class_names, train, test = _load_image_folder(archive, members, files, layout.root, params, rngs)
+        class_names, train, test, skipped = _load_image_folder(
+            archive, members, files, layout.root, params, rngs
+        )
     del files
     train_part, val_part = split_validation(train[1], params.val_fraction, rngs["val"])
     mean, std = channel_stats(train[0][train_part])
@@ -198,7 +227,12 @@ def build_dataset(
         mean=mean,
         std=std,
         source_digest=source_digest,
-        extra={**params.as_dict(), "source_format": layout.format, "preprocess_version": PREPROCESS_VERSION},
+        extra={
+            **params.as_dict(),
+            "source_format": layout.format,
+            "preprocess_version": PREPROCESS_VERSION,
+            **({"skipped_images": skipped} if params.skip_bad_images else {}),
+        },  # fmt: skip
     )
     dataset.validate()
     return dataset, layout.format
@@ -213,7 +247,7 @@ def _localize(archive: str, tmp: Path, store: ObjectStore) -> Path:
         store.get_file(archive, local)  # verifies the sha256 recorded at upload
         return local
     path = parse_uri(archive).path
-    if not path.is_file():
+    if path is None or not path.is_file():
         raise FileNotFoundError(f"dataset archive not found: {path}")
     return path
 
@@ -236,6 +270,7 @@ def prepare_to_file(
     max_test_samples: int = 0,
     image_size: int = 32,
     seed: int = 0,
+    skip_bad_images: bool = False,
     source_digest: str = "",
     store: ObjectStore | None = None,
     cache: bool = True,
@@ -247,7 +282,9 @@ def prepare_to_file(
     needs no archive at all, and a miss verifies the archive against it before parsing.
     """
     started = time.monotonic()
-    params = PrepareParams(val_fraction, max_train_samples, max_test_samples, image_size, seed)
+    params = PrepareParams(
+        val_fraction, max_train_samples, max_test_samples, image_size, seed, skip_bad_images
+    )
     archive = str(archive_path_or_uri)
     store = store if store is not None else open_store()
     cache_store = store if cache and store.config.endpoint else None
@@ -291,6 +328,7 @@ def prepare_dataset(
     max_test_samples: int = 0,
     image_size: int = 32,
     seed: int = 0,
+    skip_bad_images: bool = False,
     source_digest: str = "",
     store: ObjectStore | None = None,
     cache: bool = True,
@@ -299,23 +337,16 @@ def prepare_dataset(
     with tempfile.TemporaryDirectory(prefix="cifar10-kfp-prepared-") as tmp:
         out = Path(tmp) / "dataset.safetensors"
         info = prepare_to_file(
-            archive_path_or_uri,
-            out,
-            val_fraction=val_fraction,
-            max_train_samples=max_train_samples,
-            max_test_samples=max_test_samples,
-            image_size=image_size,
-            seed=seed,
-            source_digest=source_digest,
-            store=store,
-            cache=cache,
-        )
+            archive_path_or_uri, out, val_fraction=val_fraction, max_train_samples=max_train_samples,
+            max_test_samples=max_test_samples, image_size=image_size, seed=seed, skip_bad_images=skip_bad_images,
+            source_digest=source_digest, store=store, cache=cache,
+        )  # fmt: skip
         return load_prepared(out), info
 
 
 @dataclass
 class PrepareResult:
-    download: object  # DownloadResult
+    download: DownloadResult
     prepare: PrepareInfo
 
     def summary(self) -> dict:
@@ -334,6 +365,7 @@ class PrepareResult:
             "mean": meta["mean"],
             "std": meta["std"],
             "image_size": meta["image_size"],
+            "skipped_images": meta.get("skipped_images", []),
         }
 
 
@@ -347,13 +379,16 @@ def prepare_from_source(
     max_test_samples: int = 0,
     image_size: int = 32,
     seed: int = 0,
+    skip_bad_images: bool = False,
     store: ObjectStore | None = None,
     cache: bool = True,
 ) -> PrepareResult:
     """Download (or find in the cache), verify and prepare in one call: what ``cifar10-kfp data`` does."""
     from cifar10_kfp.data.download import fetch_dataset
 
-    params = PrepareParams(val_fraction, max_train_samples, max_test_samples, image_size, seed)  # fail fast
+    params = PrepareParams(  # fail fast
+        val_fraction, max_train_samples, max_test_samples, image_size, seed, skip_bad_images
+    )
     with tempfile.TemporaryDirectory(prefix="cifar10-kfp-data-") as tmp:
         download = fetch_dataset(source, checksum, store=store, cache=cache, workdir=tmp)
         info = prepare_to_file(

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 from cifar10_kfp import lazy_exports
 
 if TYPE_CHECKING:
-    from cifar10_kfp.evaluate.evaluation import EvalResult, evaluate_loaded, evaluate_model, write_outputs
-    from cifar10_kfp.evaluate.report import render_html, render_markdown
+    from cifar10_kfp.evaluate.evaluation import EvalResult, evaluate_loaded, evaluate_model
+    from cifar10_kfp.evaluate.report import render_html, render_markdown, write_outputs
 
 __all__ = [
     "EvalResult",

@@ -12,7 +12,7 @@ depend on how the dataset file was normalized. Reported:
 - per-class precision, recall, F1 and support; macro F1; the confusion matrix
   (rows = true class, columns = predicted class).
 
-``write_outputs`` turns an ``EvalResult`` into ``metrics.json``, ``report.html`` and ``summary.md``.
+``report.write_outputs`` turns an ``EvalResult`` into ``metrics.json``, ``report.html`` and ``summary.md``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import logging
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -30,6 +31,9 @@ from torch import nn
 from cifar10_kfp.evaluate.attribution import PER_CLASS as ATTRIBUTION_PER_CLASS  # the report grid's default
 from cifar10_kfp.evaluate.attribution import attribution_grid
 from cifar10_kfp.train.inference import SERVED_TTA, Normalize, predict_with_single_view
+
+if TYPE_CHECKING:  # annotations only
+    from cifar10_kfp.train.models import ModelInfo
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +179,7 @@ def predict_logits_with_single_view(
 
 def evaluate_loaded(
     model: nn.Module,
-    info,
+    info: ModelInfo,
     images: np.ndarray,
     labels: np.ndarray,
     class_names: list[str],
@@ -366,20 +370,3 @@ def load_history(path: str | os.PathLike) -> list[dict]:
     if not isinstance(raw, list) or not all(isinstance(row, dict) for row in raw):
         raise ValueError(f"{path}: expected a JSON list of per-epoch objects, got {type(raw).__name__}")
     return raw
-
-
-def write_outputs(result: EvalResult, output_dir: str | os.PathLike) -> dict[str, Path]:
-    """Write ``metrics.json``, ``report.html`` and ``summary.md`` into ``output_dir``; returns the paths."""
-    from cifar10_kfp.evaluate.report import render_html, render_markdown
-
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    paths = {
-        "metrics": output_dir / "metrics.json",
-        "report": output_dir / "report.html",
-        "summary": output_dir / "summary.md",
-    }
-    paths["metrics"].write_text(json.dumps(result.metrics(), indent=2, sort_keys=True, default=str))
-    paths["report"].write_text(render_html(result), encoding="utf-8")
-    paths["summary"].write_text(render_markdown(result), encoding="utf-8")
-    return paths

@@ -1,4 +1,5 @@
-"""The evaluation report: one self-contained HTML page and a short Markdown summary.
+"""The evaluation report: one self-contained HTML page and a short Markdown summary (``write_outputs``
+writes both, with ``metrics.json``).
 
 The HTML page references nothing outside itself: plots are PNGs rendered with matplotlib's
 Agg canvas and embedded as ``data:`` URIs, styles are inline, there is no script, and a
@@ -15,8 +16,14 @@ import html
 import io
 import json
 import math
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # annotations only
+    from cifar10_kfp.evaluate.evaluation import EvalResult
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 GRID_IMAGE_PX = (
@@ -156,7 +163,7 @@ def _served(result) -> str:
     return " (as served, flip TTA)" if getattr(result, "tta", False) else " (single view)"
 
 
-def render_html(result, title: str = "Model evaluation report") -> str:
+def render_html(result: EvalResult, title: str = "Model evaluation report") -> str:
     """The full report for an ``EvalResult`` as one self-contained HTML document."""
     parts = [
         "<!DOCTYPE html>",
@@ -248,7 +255,7 @@ def md_escape(value) -> str:
     return html.escape(str(value)).replace("|", "\\|").replace("\n", " ")
 
 
-def render_markdown(result) -> str:
+def render_markdown(result: EvalResult) -> str:
     """A short summary for the KFP UI's Markdown viewer."""
     worst = sorted(result.per_class.items(), key=lambda kv: kv[1]["f1"])[:3]
     lines = [
@@ -271,3 +278,18 @@ def render_markdown(result) -> str:
     if digest:
         lines += ["", f"Dataset digest: `{md_escape(digest)}`"]
     return "\n".join(lines) + "\n"
+
+
+def write_outputs(result: EvalResult, output_dir: str | os.PathLike) -> dict[str, Path]:
+    """Write ``metrics.json``, ``report.html`` and ``summary.md`` into ``output_dir``; returns the paths."""
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "metrics": output_dir / "metrics.json",
+        "report": output_dir / "report.html",
+        "summary": output_dir / "summary.md",
+    }
+    paths["metrics"].write_text(json.dumps(result.metrics(), indent=2, sort_keys=True, default=str))
+    paths["report"].write_text(render_html(result), encoding="utf-8")
+    paths["summary"].write_text(render_markdown(result), encoding="utf-8")
+    return paths

@@ -1,7 +1,8 @@
 """The value rules of the pipeline parameters, one small function each.
 
 A rule takes a typed value and returns ``None`` when it is allowed, else the allowed-range
-text (``"use 1..10000"``) that ``cifar10_kfp.params`` puts after the parameter's name. The
+text (``"use 1..10000"``) that ``cifar10_kfp.params`` puts after the parameter's name, or, for a
+value that is malformed rather than out of range, a text starting with ``NOT_VALID``. The
 rules that depend on other modules (object names, model names, presets, architectures) ask
 those modules, so each rule is written once in the project.
 """
@@ -14,6 +15,9 @@ import re
 from collections.abc import Callable
 
 Check = Callable[..., "str | None"]
+# A rule's text that starts with this says what the value is not (malformed JSON, say), rather than
+# the range it should be in: ``params`` then writes "name=value is not valid JSON (...)", not "is out of range: ...".
+NOT_VALID = "is not "
 
 DATASET_SCHEMES = ("http", "https", "s3", "minio", "file")
 _SHA256 = re.compile(r"^(sha256:)?[0-9a-fA-F]{64}$")
@@ -95,6 +99,19 @@ def model_name(value: str) -> str | None:
     return None
 
 
+def registry_url(value: str) -> str | None:
+    """Empty (off) or an http(s)://host[:port] URL (``kubeflow_registry.registry_url``'s rule)."""
+    if not value:
+        return None
+    from cifar10_kfp.publish.kubeflow_registry import registry_url as check
+
+    try:
+        check(value)
+    except ValueError:
+        return "empty, or http(s)://host[:port] with no path, query or credentials"
+    return None
+
+
 def available_presets() -> tuple[str, ...]:
     """The training presets (``cifar10_kfp.train.config.PRESETS``)."""
     from cifar10_kfp.train.config import PRESET_NAMES
@@ -126,9 +143,9 @@ def extra_hparams(value: str) -> str | None:
     try:
         parsed = json.loads(value)
     except json.JSONDecodeError as exc:
-        return f"must be a JSON object of training-config overrides, e.g. {example} ({exc})"
+        return f"{NOT_VALID}valid JSON ({exc}): it must be a JSON object of training-config overrides, e.g. {example}"
     if not isinstance(parsed, dict):
-        return f"must be a JSON object of training-config overrides, got a JSON {type(parsed).__name__}"
+        return f"{NOT_VALID}a JSON object: it must be one of training-config overrides, got a JSON {type(parsed).__name__}"
     return None
 
 
@@ -139,7 +156,7 @@ def json_list_of_objects(max_items: int, example: str) -> Check:
         try:
             parsed = json.loads(value)
         except json.JSONDecodeError as exc:
-            return f"must be a JSON list of objects, e.g. '{example}' ({exc})"
+            return f"{NOT_VALID}valid JSON ({exc}): it must be a JSON list of objects, e.g. '{example}'"
         if not isinstance(parsed, list) or not all(isinstance(item, dict) for item in parsed):
             return "must be a JSON list of objects, one per trial"
         if not 1 <= len(parsed) <= max_items:

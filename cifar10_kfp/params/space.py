@@ -21,6 +21,10 @@ import math
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only
+    import optuna
 
 SEARCH_TYPES = ("float", "int", "categorical")
 MAX_DIMENSIONS = 32
@@ -40,20 +44,27 @@ class Dimension:
     log: bool = False
     choices: tuple = ()
 
-    def suggest(self, trial) -> typing.Any:
+    def suggest(self, trial: optuna.Trial) -> typing.Any:
         """The value of this field for an Optuna ``trial``."""
         # keywords only: Optuna 5 refuses positional arguments to suggest_*
-        if self.kind == "float":
-            return trial.suggest_float(name=self.name, low=self.low, high=self.high, log=self.log)
-        if self.kind == "int":
-            return trial.suggest_int(name=self.name, low=self.low, high=self.high, log=self.log)
+        if self.kind in ("float", "int"):
+            # parse_dimension set both ends, as float or int by kind: the conversions change no value
+            assert self.low is not None and self.high is not None
+            if self.kind == "float":
+                return trial.suggest_float(
+                    name=self.name, low=float(self.low), high=float(self.high), log=self.log
+                )
+            return trial.suggest_int(name=self.name, low=int(self.low), high=int(self.high), log=self.log)
         return trial.suggest_categorical(name=self.name, choices=list(self.choices))
 
     def size(self) -> int | None:
         """How many values this dimension has; None for a float range (uncountably many)."""
         if self.kind == "categorical":
             return len(self.choices)
-        return int(self.high) - int(self.low) + 1 if self.kind == "int" else None
+        if self.kind == "int":
+            assert self.low is not None and self.high is not None
+            return int(self.high) - int(self.low) + 1
+        return None
 
     def corners(self) -> list:
         """The values that bound this dimension: both ends of a range, or every choice."""

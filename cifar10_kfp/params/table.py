@@ -20,10 +20,14 @@ import inspect
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cifar10_kfp.params.checks as rule
-from cifar10_kfp.data import CIFAR10_URL
+from cifar10_kfp.data import CIFAR10_URL, MAX_VAL_FRACTION
+
+if TYPE_CHECKING:  # annotations only
+    from cifar10_kfp.storage import ObjectStore
+    from cifar10_kfp.train import TrainConfig
 
 MAX_GPUS_PER_NODE = 16  # the largest GPU node shapes in common clouds
 MAX_NODES = 64  # beyond this, the Trainer's rendezvous and our object-store checkpointing need tuning
@@ -66,13 +70,17 @@ TRAINING_PARAMS: tuple[Param, ...] = (
        "Expected checksum of the archive: sha256:<64 hex> (prefix optional) or md5:<32 hex>; empty skips the check.",
        rule.checksum),
     _P("val_fraction", float, 0.1,
-       "Fraction of the training split held out for validation, in [0, 0.5].", rule.float_range(0.0, 0.5)),
+       f"Fraction of the training split held out for validation, in [0, {MAX_VAL_FRACTION:g}].",
+       rule.float_range(0.0, MAX_VAL_FRACTION)),
     _P("max_train_samples", int, 0,
        "Use at most this many training images, stratified by class; 0 uses all.", rule.int_range(0, 10_000_000)),
     _P("max_test_samples", int, 0,
        "Use at most this many test images, stratified by class; 0 uses all.", rule.int_range(0, 10_000_000)),
     _P("image_size", int, 32,
        "Side in pixels the images are resized to, 8..512 (32 is CIFAR-10's native size).", rule.int_range(8, 512)),
+    _P("skip_bad_images", int, 0,
+       "1 leaves out image-folder images that cannot be decoded (counted and named in the prepared dataset's "
+       "skipped_images); 0 fails on the first one, naming it.", rule.int_range(0, 1)),
     _P("preset", str, "fast",
        "Training preset: seed (baseline), fast (GPU speed run) or cpu (small, for CPU-only runs).", rule.preset,
        train=True),
@@ -124,6 +132,10 @@ TRAINING_PARAMS: tuple[Param, ...] = (
        rule.float_range(0.0, 1.0)),
     _P("model_name", str, "cifar10-classifier",
        "Name the model is published under (models/<name>/<version>).", rule.model_name),
+    _P("model_registry_url", str, "",
+       "Kubeflow Model Registry to register each published version in, http(s)://host[:port] (e.g. "
+       "http://model-registry-service.kubeflow:8080); empty registers nothing. Publishing fails, with the "
+       "version kept and latest unmoved, if the registry cannot register it.", rule.registry_url),
     _P("bucket", str, "", "Object-store bucket; empty uses CIFAR10_KFP_BUCKET (default mlpipeline).", rule.bucket),
     _P("storage_prefix", str, "",
        "Key prefix for everything the pipeline writes; empty uses CIFAR10_KFP_PREFIX, else "
@@ -262,6 +274,8 @@ def _check(param: Param, value: Any, where: str = "") -> None:
     problem = param.check(value)
     if problem is None:
         return
+    if problem.startswith(rule.NOT_VALID):  # malformed (e.g. not JSON), not out of range
+        raise ValueError(f"{where}{param.name}={value!r} {problem}")
     if param.preset_default:
         unset = repr(param.default) if param.kind is str else "0"
         problem = f"use {unset} (the preset's default) or {problem.removeprefix('use ')}"
@@ -294,7 +308,7 @@ def training_overrides(training: Mapping[str, Any]) -> dict[str, Any]:
     return overrides
 
 
-def train_config(training: Mapping[str, Any], searched: Mapping[str, Any] | None = None):
+def train_config(training: Mapping[str, Any], searched: Mapping[str, Any] | None = None) -> TrainConfig:
     """The ``TrainConfig`` a training-settings dict stands for: the one mapping every train path uses.
 
     ``searched`` (a tuning trial's values) overrides every other setting, knobs included.
@@ -304,7 +318,9 @@ def train_config(training: Mapping[str, Any], searched: Mapping[str, Any] | None
     return make_config(training["preset"], {**training_overrides(training), **(searched or {})})
 
 
-def checkpoint_prefix(checkpoint_uri: str, run_id: str, config, store=None) -> str:
+def checkpoint_prefix(
+    checkpoint_uri: str, run_id: str, config: TrainConfig, store: ObjectStore | None = None
+) -> str:
     """Where a training run checkpoints: ``<checkpoint_uri>/<config hash>``, or one derived from the run id.
 
     The config hash is always part of it, so sweep trials (or runs with another configuration)

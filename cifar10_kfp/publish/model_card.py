@@ -9,10 +9,12 @@ from cifar10_kfp.publish.bundle import MANIFEST_FILE, TORCHSCRIPT_FILE
 CARD_MD = "model_card.md"
 
 
-def build_card(info, *, model_name, version, uri, metrics, dataset_digest, params, run_id, created) -> dict:
+def build_card(
+    info, *, model_name, version, uri, metrics, dataset_digest, params, run_id, created, model_registry=None
+) -> dict:
     import cifar10_kfp
 
-    return {
+    card = {
         "model_name": model_name,
         "version": version,
         "uri": uri,
@@ -35,6 +37,9 @@ def build_card(info, *, model_name, version, uri, metrics, dataset_digest, param
             "torchscript_output": "float32 logits [N, num_classes], mean of the image's and its flip's (flip TTA)",
         },
     }
+    if model_registry:  # kubeflow_registry: where the version is registered (publish fails if it cannot be)
+        card["model_registry"] = model_registry
+    return card
 
 
 def card_markdown(card: dict) -> str:
@@ -54,6 +59,7 @@ def card_markdown(card: dict) -> str:
         f"{card['image_size']}x{card['image_size']} RGB input",
         f"- Dataset digest: `{md_escape(card['dataset_digest'] or '-')}`",
         f"- Classes: {md_escape(', '.join(card['class_names']))}",
+        *_registry_lines(card.get("model_registry")),
         "",
         "## Metrics (test split)",
         "",
@@ -77,3 +83,14 @@ def card_markdown(card: dict) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _registry_lines(entry: dict | None) -> list[str]:
+    from cifar10_kfp.evaluate.report import md_escape
+
+    if not entry:
+        return []
+    return [
+        f"- Kubeflow Model Registry: `{md_escape(entry['uri'])}` at {md_escape(entry['url'])} "
+        f"(artifact `{md_escape(entry['artifact_uri'])}`)"
+    ]

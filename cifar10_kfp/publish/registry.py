@@ -23,6 +23,10 @@ import os
 import re
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only
+    from cifar10_kfp.storage import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +72,9 @@ def models_uri(model_name: str, *, store=None, root: str | None = None) -> str:
     return join_uri(base, "models", validate_model_name(model_name))
 
 
-def latest_version(model_name: str, *, store=None, root: str | None = None) -> dict | None:
+def latest_version(
+    model_name: str, *, store: ObjectStore | None = None, root: str | None = None
+) -> dict | None:
     """The ``latest`` pointer of ``model_name`` (``{version, uri, ...}``) or None if never published."""
     from cifar10_kfp.storage import ObjectNotFound, join_uri
 
@@ -112,13 +118,21 @@ def move_latest(store, latest_uri: str, pointer: dict, model_name: str) -> bool:
     return True
 
 
-def resolve_published(uri_or_model_name: str, *, store=None) -> str:
-    """The version URI (or local directory) behind a version URI, a ``latest`` URI or a model name."""
+def resolve_published(
+    uri_or_model_name: str, *, store: ObjectStore | None = None, model_registry_url: str | None = None
+) -> str:
+    """The version URI (or local directory) behind a version URI, a ``latest`` URI, a model name, or a
+    ``model-registry://<name>[/<version>]`` URI (Kubeflow Model Registry at ``model_registry_url``,
+    default ``MODEL_REGISTRY_URL``)."""
     from cifar10_kfp.storage import is_remote
     from cifar10_kfp.train.models import INFO_FILE
 
-    store = default_store(store)
     target = str(uri_or_model_name)
+    if target.startswith("model-registry://"):
+        from cifar10_kfp.publish.kubeflow_registry import resolve_registry_uri
+
+        return resolve_registry_uri(target, url=model_registry_url)
+    store = default_store(store)
     if is_remote(target):
         target = target.rstrip("/")
         if target.endswith("/" + LATEST):

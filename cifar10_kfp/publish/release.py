@@ -24,7 +24,9 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from cifar10_kfp.publish import registration as mr_registration
 from cifar10_kfp.publish.bundle import inference_service_manifest, manifest_yaml, serving_name, stage_bundle
 from cifar10_kfp.publish.model_card import CARD_MD, build_card, card_markdown
 from cifar10_kfp.publish.registry import (
@@ -39,7 +41,15 @@ from cifar10_kfp.publish.registry import (
     validate_model_name,
 )
 
+if TYPE_CHECKING:  # annotations only
+    import torch
+
+    from cifar10_kfp.storage import ObjectStore
+
 log = logging.getLogger(__name__)
+REGISTRY_MANIFEST_FILE = (
+    "inference_service.model-registry.yaml"  # storageUri model-registry://<name>/<version>
+)
 
 
 # ------------------------------------------------------------------------------ gate
@@ -134,13 +144,13 @@ def evaluate_champion(model_name: str, data_path_or_uri, *, store=None, root: st
 
 def run_gate(
     challenger_accuracy: float,
-    data_path_or_uri,
+    data_path_or_uri: str | os.PathLike,
     *,
     min_accuracy: float,
     model_name: str,
-    store=None,
+    store: ObjectStore | None = None,
     root: str | None = None,
-    device=None,
+    device: torch.device | str | None = None,
 ) -> GateDecision:
     """Evaluate the published champion on the same test data and decide (see ``gate_decision``).
 
@@ -201,6 +211,8 @@ class PublishResult:
     card_markdown: str = ""
     inference_service: dict = field(default_factory=dict)
     inference_service_yaml: str = ""
+    registration: dict = field(default_factory=dict)  # kubeflow_registry.Registration.to_dict(); {} when off
+    resumed: bool = False  # True: an earlier publish of this run had uploaded the version
 
 
 @dataclass
@@ -222,21 +234,33 @@ def publish_model(
     dataset_digest: str,
     params: dict | None = None,
     run_id: str = "",
-    store=None,
+    store: ObjectStore | None = None,
     root: str | None = None,
     now: datetime | None = None,
     service_account: str | None = None,
+    model_registry_url: str = "",
+    gate: dict | None = None,
+    image: str = "",
 ) -> PublishResult:
     """Publish a model directory as a new version of ``model_name`` and move ``latest`` to it.
 
     Everything is built and checked locally first (weights load, TorchScript matches eager), then
     uploaded; ``model_card.json`` goes last, then the ``latest`` pointer. Raises ``PublishError``
     if the version exists or any upload fails, leaving ``latest`` as it was.
+
+    With ``model_registry_url`` the complete version is registered in Kubeflow Model Registry
+    before ``latest`` moves (``cifar10_kfp.publish.registration``; ``gate`` and ``image`` become custom
+    properties). A registry failure raises ``PublishError`` with the version left in the store; a
+    re-run with the same ``run_id`` resumes that version rather than publishing another.
     """
     from cifar10_kfp.storage import join_uri
     from cifar10_kfp.train.models import INFO_FILE, WEIGHTS_FILE
 
     store = default_store(store)
+    if model_registry_url:
+        resumed = mr_registration.resumable_version(model_name, run_id, store=store, root=root)
+        if resumed:
+            return _resume(Path(model_dir), model_name, resumed, store, root, model_registry_url, gate, image)
     target = _new_version(model_name, run_id, now, store, root)  # the name is checked before torch loads
     model, info = _load_model_dir(Path(model_dir))
     isvc_name = serving_name(model_name)
@@ -244,10 +268,13 @@ def publish_model(
         isvc_name, join_uri(target.uri, "triton"), service_account=service_account,
         labels={"version": target.version},
     )  # fmt: skip
+    in_registry = model_registry_url and mr_registration.card_section(
+        model_registry_url, model_name=model_name, version=target.version, version_uri=target.uri, store=store
+    )  # fmt: skip
     card = build_card(
         info, model_name=model_name, version=target.version, uri=target.uri, metrics=metrics,
         dataset_digest=dataset_digest, params={**(info.extra or {}), **(params or {})}, run_id=run_id,
-        created=target.created,
+        created=target.created, model_registry=in_registry or None,
     )  # fmt: skip
     markdown = card_markdown(card)
     manifest_text = manifest_yaml(manifest)
@@ -256,21 +283,63 @@ def publish_model(
         for name in (WEIGHTS_FILE, INFO_FILE):
             shutil.copyfile(Path(model_dir) / name, staging / name)
         stage_bundle(model, info, staging, isvc_name=isvc_name, manifest_text=manifest_text)
+        if in_registry:  # the same InferenceService, deployed through the registry's model-registry:// URI
+            registry_manifest = inference_service_manifest(
+                isvc_name, in_registry["uri"], service_account=service_account, labels={"version": target.version}
+            )  # fmt: skip
+            (staging / REGISTRY_MANIFEST_FILE).write_text(manifest_yaml(registry_manifest))
         (staging / CARD_MD).write_text(markdown)
         (staging / CARD_JSON).write_text(json.dumps(card, indent=2, sort_keys=True, default=str))
         files = _upload(store, staging, target)
-    pointer = {
-        "model_name": model_name, "version": target.version, "uri": target.uri,
-        "published_at": target.created, "kfp_run_id": run_id, "metrics": metrics,
-    }  # fmt: skip
-    latest_updated = move_latest(store, target.latest_uri, pointer, model_name)
-    log.info("published %s %s at %s (latest %s)", model_name, target.version, target.uri,
-             "updated" if latest_updated else "kept")  # fmt: skip
-    return PublishResult(
+    result = PublishResult(
         uri=target.uri, version=target.version, model_name=model_name, latest_uri=target.latest_uri,
-        latest_updated=latest_updated, files=files, card=card, card_markdown=markdown,
+        latest_updated=False, files=files, card=card, card_markdown=markdown,
         inference_service=manifest, inference_service_yaml=manifest_text,
     )  # fmt: skip
+    return _register_and_move_latest(result, store, gate, image)
+
+
+def _register_and_move_latest(result: PublishResult, store, gate: dict | None, image: str) -> PublishResult:
+    """Register the complete version (when the card names a registry), then move ``latest`` to it."""
+    card = result.card
+    if card.get("model_registry"):
+        props = mr_registration.properties(card, gate=gate, image=image)
+        result.registration = mr_registration.register(card, props)
+    pointer = {
+        "model_name": result.model_name, "version": result.version, "uri": result.uri,
+        "published_at": card["created"], "kfp_run_id": card["kfp_run_id"], "metrics": card["metrics"],
+    }  # fmt: skip
+    result.latest_updated = move_latest(store, result.latest_uri, pointer, result.model_name)
+    log.info("published %s %s at %s (latest %s)", result.model_name, result.version, result.uri,
+             "updated" if result.latest_updated else "kept")  # fmt: skip
+    return result
+
+
+def _resume(
+    model_dir: Path, model_name, version, store, root, registry_url: str, gate, image
+) -> PublishResult:
+    """Finish an earlier publish of this run whose version is complete in the store: register, move latest."""
+    import yaml
+
+    from cifar10_kfp.publish.bundle import MANIFEST_FILE
+    from cifar10_kfp.storage import join_uri
+
+    base = models_uri(model_name, store=store, root=root)
+    uri = join_uri(base, version)
+    mr_registration.check_same_weights(store, uri, model_dir)
+    card = mr_registration.read_card(store, uri)
+    # This run's URL: the card's own entry stays as it was written; only what is registered follows the URL.
+    card["model_registry"] = mr_registration.card_section(
+        registry_url, model_name=model_name, version=version, version_uri=uri, store=store
+    )
+    manifest_text = store.get_bytes(join_uri(uri, MANIFEST_FILE)).decode()
+    log.info("resuming the publish of %s %s: it is complete in the store", model_name, version)
+    result = PublishResult(
+        uri=uri, version=version, model_name=model_name, latest_uri=join_uri(base, LATEST), latest_updated=False,
+        card=card, card_markdown=card_markdown(card), inference_service=yaml.safe_load(manifest_text),
+        inference_service_yaml=manifest_text, resumed=True,
+    )  # fmt: skip
+    return _register_and_move_latest(result, store, gate, image)
 
 
 def _load_model_dir(model_dir: Path):

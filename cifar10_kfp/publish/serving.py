@@ -8,7 +8,9 @@ computation as the TorchScript program and the evaluation. It accepts (``registr
 - a published version URI: ``s3://bucket/prefix/models/<name>/<version>``;
 - a ``latest`` pointer URI: ``s3://bucket/prefix/models/<name>/latest``;
 - a bare model name (``cifar10``): the ``latest`` of that name under the configured root;
-- a local directory holding a model (or a published version) for offline use.
+- a local directory holding a model (or a published version) for offline use;
+- ``model-registry://<name>[/<version>]``: a version registered in Kubeflow Model Registry
+  (``cifar10_kfp.publish.kubeflow_registry``; without a version, the newest), read from the store.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -24,13 +27,17 @@ from torch import nn
 
 from cifar10_kfp.publish.registry import resolve_published
 from cifar10_kfp.train.inference import Normalize, predict
+from cifar10_kfp.train.models import ModelInfo
+
+if TYPE_CHECKING:  # annotations only
+    from cifar10_kfp.storage import ObjectStore
 
 
 @dataclass
 class Preprocess:
     """Turns images into the model's normalized float input. ``info`` is the model's ``ModelInfo``."""
 
-    info: object
+    info: ModelInfo
 
     @property
     def class_names(self) -> list[str]:
@@ -41,8 +48,8 @@ class Preprocess:
         from PIL import Image, UnidentifiedImageError
 
         try:
-            with Image.open(path) as img:
-                img = img.convert("RGB")
+            with Image.open(path) as opened:
+                img = opened.convert("RGB")
                 size = self.info.image_size
                 if img.size != (size, size):
                     img = img.resize((size, size), Image.Resampling.BILINEAR)
@@ -64,14 +71,18 @@ class Preprocess:
 
 
 def load_published(
-    uri_or_model_name: str, *, store=None, device: str | torch.device = "cpu"
+    uri_or_model_name: str,
+    *,
+    store: ObjectStore | None = None,
+    device: str | torch.device = "cpu",
+    model_registry_url: str | None = None,
 ) -> tuple[nn.Module, Preprocess]:
-    """A ready (eval-mode) model and its ``Preprocess`` for a published version, ``latest`` or name."""
+    """A ready (eval-mode) model and its ``Preprocess`` for a published version, ``latest``, name or registry URI."""
     from cifar10_kfp.storage import ObjectStore, is_remote, join_uri
     from cifar10_kfp.train.models import INFO_FILE, WEIGHTS_FILE, load_model
 
     store = store or ObjectStore()
-    version_uri = resolve_published(uri_or_model_name, store=store)
+    version_uri = resolve_published(uri_or_model_name, store=store, model_registry_url=model_registry_url)
     if not is_remote(version_uri):
         model, info = load_model(version_uri, device=device)
         return model, Preprocess(info)

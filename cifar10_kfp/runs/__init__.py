@@ -27,11 +27,17 @@ if TYPE_CHECKING:
         require_endpoint,
         sweep_outputs,
     )
-    from cifar10_kfp.runs.summary import ReportedStatus, recorded_cause, verdict_line, write_summary
+    from cifar10_kfp.runs.summary import (
+        ReportedStatus,
+        recorded_cause,
+        unpublished_reason,
+        verdict_line,
+        write_summary,
+    )
 
 __all__ = [
     "RUN_ID_ENV", "TASK_ENV", "ReportedStatus", "RunRecords", "freeze_heap_before_exit", "read_summary",
     "recent_summaries", "record_gate_decision", "record_run_outputs", "recorded_cause", "report_failures",
-    "require_endpoint", "sweep_outputs", "verdict_line", "write_summary",
+    "require_endpoint", "sweep_outputs", "unpublished_reason", "verdict_line", "write_summary",
 ]  # fmt: skip
 __getattr__, __dir__ = lazy_exports(__name__, __file__)

@@ -87,7 +87,7 @@ class RunRecords:
         return [json.loads(self.store.get_bytes(uri)) for uri in uris]
 
 
-def current_run_records(store: ObjectStore, env: dict[str, str] | None = None) -> RunRecords | None:
+def current_run_records(store: ObjectStore, env: Mapping[str, str] | None = None) -> RunRecords | None:
     """The records of the run this process is a step of (``CIFAR10_KFP_RUN_ID``), None outside a run."""
     run_id = (os.environ if env is None else env).get(RUN_ID_ENV)
     return RunRecords(store, run_id) if run_id else None
@@ -121,8 +121,11 @@ def require_endpoint(store: ObjectStore, compiled_for: str) -> ObjectStore:
 def describe_exception(exc: BaseException) -> str:
     """``"<Type>: <message>"``; a message-less exception borrows the message of what caused it."""
     message, cause = str(exc).strip(), exc
-    while not message and (cause := cause.__cause__ or cause.__context__) is not None:
-        message = str(cause).strip()
+    while not message:
+        earlier = cause.__cause__ or cause.__context__
+        if earlier is None:
+            break
+        cause, message = earlier, str(earlier).strip()
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
@@ -141,7 +144,7 @@ def describe_failure(exc: BaseException) -> dict[str, str]:
     return out
 
 
-def report_failures(bucket: str = "", storage_prefix: str = "", env: dict[str, str] | None = None) -> bool:
+def report_failures(bucket: str = "", storage_prefix: str = "", env: Mapping[str, str] | None = None) -> bool:
     """Make an uncaught exception of this step process recorded for the run summary, then raised as usual.
 
     Called first in a component body. Outside a pipeline run (no ``CIFAR10_KFP_RUN_ID`` or

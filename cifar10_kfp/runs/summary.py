@@ -31,7 +31,9 @@ recorded; ``COMPLETE``/``SUCCEEDED`` vouch for success when the records cannot b
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from cifar10_kfp.runs.records import FAILURES, GATE, OUTPUTS, PUBLISHED, SUMMARY, RunRecords
 from cifar10_kfp.storage import ObjectStore, StorageError
@@ -50,7 +52,7 @@ class ReportedStatus:
     error: str = ""
 
     @classmethod
-    def of(cls, final_status) -> ReportedStatus:
+    def of(cls, final_status: object) -> ReportedStatus:
         """From a ``dsl.PipelineTaskFinalStatus`` (or anything with its attributes)."""
         return cls(
             state=str(getattr(final_status, "state", "") or "").upper(),
@@ -116,10 +118,10 @@ def _failed(reported: ReportedStatus, failures: list[dict], basis: str) -> Verdi
 
 
 def build_summary(
-    records: RunRecords, reported: ReportedStatus, *, pipeline: str, checkpoint_uri: str = ""
+    records: RunRecords | _Unreadable, reported: ReportedStatus, *, pipeline: str, checkpoint_uri: str = ""
 ) -> dict:
     """The summary of ``records``' run; storage problems are listed in ``problems``, never raised."""
-    summary = {"pipeline": pipeline, "run_id": records.run_id, "state": reported.state, "parameters": {},
+    summary: dict[str, Any] = {"pipeline": pipeline, "run_id": records.run_id, "state": reported.state, "parameters": {},
                "metrics": {}, "gate": None, "published": None, "artifacts": {}, "failures": [], "problems": []}  # fmt: skip
     outputs = gate = published = None
     failures: list[dict] = []
@@ -137,7 +139,8 @@ def build_summary(
     verdict = decide_status(reported, outputs, gate, published, failures, readable)
     summary.update(status=verdict.status, failed_task=verdict.failed_task, error=verdict.error,
                    status_basis=verdict.basis)  # fmt: skip
-    if readable and not summary["artifacts"].get("checkpoints"):
+    # (_Unreadable records are never readable: the isinstance only tells the type checker so)
+    if readable and isinstance(records, RunRecords) and not summary["artifacts"].get("checkpoints"):
         summary["artifacts"]["checkpoints"] = _leftover_checkpoints(
             records, checkpoint_uri, summary["problems"]
         )
@@ -157,7 +160,12 @@ def _leftover_checkpoints(records: RunRecords, checkpoint_uri: str, problems: li
 
 
 def write_summary(
-    open_store, run_id: str, reported: ReportedStatus, *, pipeline: str, checkpoint_uri: str = ""
+    open_store: Callable[[], ObjectStore],
+    run_id: str,
+    reported: ReportedStatus,
+    *,
+    pipeline: str,
+    checkpoint_uri: str = "",
 ) -> dict:
     """Build the summary and store it as ``summary.json``; ``open_store()`` gives the run's store.
 
@@ -198,6 +206,23 @@ def recorded_cause(summary: dict) -> str:
     return cause if cause and cause not in (summary.get("error") or "") else ""
 
 
+def unpublished_reason(summary: dict) -> str:
+    """Why the run published no model, in words ("" when it published one).
+
+    The gate's own reason when it kept the model back (accuracy below ``min_accuracy``, not better
+    than the champion, a champion of another image size or classes); else the failure that stopped
+    the run before publishing. One rule for run-local's table and ``runs``.
+    """
+    if summary.get("published"):
+        return ""
+    gate = summary.get("gate") or {}
+    if gate and not gate.get("passed"):
+        return f"the gate kept it back: {gate.get('reason') or 'no reason recorded'}"
+    if summary.get("status") == FAILED:
+        return f"the run failed at step {summary.get('failed_task') or '?'}"
+    return "no gate decision was recorded"
+
+
 class _Unreadable:
     """Stands in for ``RunRecords`` when no store could be opened: every read fails."""
 
@@ -221,6 +246,7 @@ __all__ = [
     "build_summary",
     "decide_status",
     "recorded_cause",
+    "unpublished_reason",
     "verdict_line",
     "write_summary",
 ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,7 +45,7 @@ def env_flag(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def detect_namespace(env: dict[str, str] | None = None) -> str:
+def detect_namespace(env: Mapping[str, str] | None = None) -> str:
     """The run's Kubernetes namespace: ``CIFAR10_KFP_NAMESPACE``, else the pod's own; "" when unknown."""
     env = os.environ if env is None else env
     named = env.get("CIFAR10_KFP_NAMESPACE", "").strip()
@@ -85,7 +86,7 @@ class StorageConfig:
     strict_credentials: bool = False  # refuse WELL_KNOWN_DEV_CREDENTIALS instead of warning
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> StorageConfig:
+    def from_env(cls, env: Mapping[str, str] | None = None) -> StorageConfig:
         env = os.environ if env is None else env
         endpoint = env.get("MINIO_ENDPOINT", "").strip()
         secure = env_flag(env.get("MINIO_SECURE"))

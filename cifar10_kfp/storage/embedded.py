@@ -18,6 +18,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -25,6 +26,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import IO
 
 from cifar10_kfp.storage.config import DEFAULT_BUCKET, StorageConfig
 from cifar10_kfp.storage.names import StorageError
@@ -33,6 +35,7 @@ from cifar10_kfp.storage.store import ObjectStore
 # SeaweedFS needs this many listening ports: master, volume, filer, s3 (http + grpc each).
 _PORT_NAMES = ("master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3", "s3_grpc")
 _PR_SET_PDEATHSIG = 1
+_WEED_SOCKET_DIR = Path("/tmp")  # hard-coded in weed (not TMPDIR), so not ours to choose
 
 
 def find_weed() -> str:
@@ -96,7 +99,9 @@ class EmbeddedObjectStore:
         extra_identities: list[dict] | None = None,
     ):
         self._own_dir = data_dir is None
-        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="cifar10-kfp-s3-"))
+        # Absolute once, here: weed runs with cwd=data_dir, so a relative -dir would be resolved a
+        # second time inside it (local_outputs/object-store/local_outputs/object-store/data).
+        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="cifar10-kfp-s3-")).absolute()
         self.bucket = bucket
         self.access_key = access_key or "AK" + secrets.token_hex(8).upper()
         self.secret_key = secret_key or secrets.token_urlsafe(30)
@@ -108,7 +113,7 @@ class EmbeddedObjectStore:
         self.extra_identities = list(extra_identities or [])
         self.ports: dict[str, int] = {}
         self._proc: subprocess.Popen | None = None
-        self._log = None
+        self._log: IO[bytes] | None = None
 
     # -- public -----------------------------------------------------------------------
 
@@ -138,11 +143,11 @@ class EmbeddedObjectStore:
             "CIFAR10_KFP_BUCKET": self.bucket,
         }
 
-    def config(self, **overrides) -> StorageConfig:
+    def config(self, **overrides: object) -> StorageConfig:
         env = {**self.env(), **{k: str(v) for k, v in overrides.items()}}
         return StorageConfig.from_env(env)
 
-    def store(self, **overrides) -> ObjectStore:
+    def store(self, **overrides: object) -> ObjectStore:
         return ObjectStore(self.config(**overrides))
 
     def start(self) -> EmbeddedObjectStore:
@@ -196,6 +201,7 @@ class EmbeddedObjectStore:
         if self._log is not None:
             self._log.close()
             self._log = None
+        self._remove_sockets()
 
     def close(self) -> None:
         """Stop and remove the data directory if this object created it."""
@@ -223,10 +229,32 @@ class EmbeddedObjectStore:
             ]
         }
 
+    def _socket_paths(self) -> list[Path]:
+        """The Unix sockets weed makes for our ports in /tmp, a path it hard-codes for the gRPC ones
+        (``/tmp/seaweedfs-<service>-grpc-<port>.sock``) and defaults for the filer's and S3's HTTP ones."""
+        ports = set(self.ports.values())
+        found = []
+        for path in _WEED_SOCKET_DIR.glob("seaweedfs-*.sock"):
+            port = path.stem.rpartition("-")[2]
+            if port.isdigit() and int(port) in ports:
+                found.append(path)
+        return found
+
+    def _remove_sockets(self) -> None:
+        """weed is SIGKILLed (see stop), so it never removes its sockets itself: without this every
+        start would leave 8 of them in /tmp."""
+        for path in self._socket_paths():
+            with contextlib.suppress(OSError):
+                if stat.S_ISSOCK(path.lstat().st_mode):
+                    path.unlink()
+
     def _command(self, s3_config: Path) -> list[str]:
         p = self.ports
         return [
             find_weed(),
+            # glog writes to stderr only (which is weed.log): by default it also writes
+            # weed.<host>.<user>.log.* files and weed.{INFO,WARNING,ERROR} links into the temp dir.
+            "-logtostderr",
             "server",
             f"-dir={self.data_dir / 'data'}",
             "-ip=127.0.0.1",
@@ -262,6 +290,7 @@ class EmbeddedObjectStore:
         store = ObjectStore(self.config(CIFAR10_KFP_RETRY_BUDGET_S=0))
         deadline = time.monotonic() + self.start_timeout_s
         last: Exception | None = None
+        assert self._proc is not None  # started just before this wait
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 raise StorageError(

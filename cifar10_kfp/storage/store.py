@@ -8,6 +8,7 @@ that is renamed only once verified, so a reader never sees a partial or corrupt 
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import io
 import os
@@ -15,6 +16,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cifar10_kfp.storage.config import StorageConfig, check_credentials
 from cifar10_kfp.storage.names import (
@@ -26,6 +28,9 @@ from cifar10_kfp.storage.names import (
 )
 from cifar10_kfp.storage.retry import call, where
 from cifar10_kfp.storage.uri import Location, join_uri, parse_uri
+
+if TYPE_CHECKING:  # annotations only
+    from minio import Minio
 
 SHA256_META = "sha256"  # stored as x-amz-meta-sha256
 _CHUNK = 8 * 1024 * 1024
@@ -53,17 +58,23 @@ class ObjectInfo:
     last_modified: float | None  # POSIX seconds
 
 
+def _bucket(loc: Location) -> str:
+    """An object location's bucket (local paths are handled before any client call)."""
+    assert loc.bucket is not None, loc
+    return loc.bucket
+
+
 class ObjectStore:
     """put/get for files and bytes, exists, list, stat and delete, on URIs or local paths."""
 
     def __init__(self, config: StorageConfig | None = None):
         self.config = config or StorageConfig.from_env()
-        self._client = None
+        self._client: Minio | None = None
 
     # -- plumbing ---------------------------------------------------------------------
 
     @property
-    def client(self):
+    def client(self) -> Minio:
         """The ``minio.Minio`` client, created on first use so local-only work needs no config."""
         if self._client is None:
             self._client = self._make_client()
@@ -125,7 +136,7 @@ class ObjectStore:
         """Upload (or copy) a file; returns its sha256."""
         loc = parse_uri(uri)
         digest = sha256 or sha256_file(src)
-        if loc.is_local:
+        if loc.path is not None:  # loc.is_local, spelled so that the type checker narrows loc.path
             _atomic_copy(Path(src), loc.path)
             return digest
         size = os.path.getsize(src)
@@ -133,7 +144,12 @@ class ObjectStore:
         def op():
             with open(src, "rb") as fh:
                 self.client.put_object(
-                    loc.bucket, loc.key, fh, size, metadata={SHA256_META: digest}, part_size=64 * 1024 * 1024
+                    _bucket(loc),
+                    loc.key,
+                    fh,
+                    size,
+                    metadata={SHA256_META: digest},
+                    part_size=64 * 1024 * 1024,
                 )
 
         self._call("upload", loc, op)
@@ -143,13 +159,13 @@ class ObjectStore:
         """Upload bytes (or write a local file atomically); returns their sha256."""
         loc = parse_uri(uri)
         digest = hashlib.sha256(data).hexdigest()
-        if loc.is_local:
+        if loc.path is not None:
             _atomic_write(loc.path, data)
             return digest
 
         def op():
             self.client.put_object(
-                loc.bucket, loc.key, io.BytesIO(data), len(data), metadata={SHA256_META: digest}
+                _bucket(loc), loc.key, io.BytesIO(data), len(data), metadata={SHA256_META: digest}
             )
 
         self._call("upload", loc, op)
@@ -158,24 +174,24 @@ class ObjectStore:
     def delete(self, uri: str | os.PathLike) -> None:
         """Delete an object or a local file; deleting something absent is not an error."""
         loc = parse_uri(uri)
-        if loc.is_local:
+        if loc.path is not None:
             if loc.path.is_dir():
                 shutil.rmtree(loc.path)
             else:
                 loc.path.unlink(missing_ok=True)
             return
-        self._call("delete", loc, lambda: self.client.remove_object(loc.bucket, loc.key))
+        self._call("delete", loc, lambda: self.client.remove_object(_bucket(loc), loc.key))
 
     # -- reads ------------------------------------------------------------------------
 
     def stat(self, uri: str | os.PathLike) -> ObjectInfo:
         loc = parse_uri(uri)
-        if loc.is_local:
+        if loc.path is not None:
             if not loc.path.is_file():
                 raise ObjectNotFound(f"stat: no such file {loc.path}")
             st = loc.path.stat()
             return ObjectInfo(str(loc.path), st.st_size, None, st.st_mtime)
-        obj = self._call("stat", loc, lambda: self.client.stat_object(loc.bucket, loc.key))
+        obj = self._call("stat", loc, lambda: self.client.stat_object(_bucket(loc), loc.key))
         meta = {k.lower(): v for k, v in (obj.metadata or {}).items()}
         sha = meta.get(f"x-amz-meta-{SHA256_META}")
         modified = obj.last_modified.timestamp() if obj.last_modified else None
@@ -191,7 +207,7 @@ class ObjectStore:
     def list(self, prefix_uri: str | os.PathLike, *, recursive: bool = True) -> list[str]:
         """URIs of the objects (or files) below a prefix, sorted."""
         loc = parse_uri(prefix_uri, allow_empty_key=True)
-        if loc.is_local:
+        if loc.path is not None:
             if not loc.path.exists():
                 return []
             pattern = "**/*" if recursive else "*"
@@ -199,7 +215,7 @@ class ObjectStore:
         prefix = loc.key
 
         def op():
-            objs = self.client.list_objects(loc.bucket, prefix=prefix, recursive=recursive)
+            objs = self.client.list_objects(_bucket(loc), prefix=prefix, recursive=recursive)
             return sorted(f"s3://{loc.bucket}/{o.object_name}" for o in objs if not o.is_dir)
 
         return self._call("list", loc, op)
@@ -209,7 +225,7 @@ class ObjectStore:
         loc = parse_uri(uri)
         dst = Path(dst)
         dst.parent.mkdir(parents=True, exist_ok=True)
-        if loc.is_local:
+        if loc.path is not None:
             if not loc.path.is_file():
                 raise ObjectNotFound(f"no such file {loc.path}")
             if loc.path.resolve() != dst.resolve():
@@ -231,7 +247,7 @@ class ObjectStore:
             tmp.unlink(missing_ok=True)
 
     def _download_to(self, loc: Location, tmp: Path) -> tuple[str | None, str]:
-        response = self.client.get_object(loc.bucket, loc.key)
+        response = self.client.get_object(_bucket(loc), loc.key)
         try:
             headers = {k.lower(): v for k, v in response.headers.items()}
             expected = headers.get(f"x-amz-meta-{SHA256_META}")
@@ -248,13 +264,13 @@ class ObjectStore:
     def get_bytes(self, uri: str | os.PathLike, *, verify: bool = True) -> bytes:
         """Read a whole (small) object or file, verifying the recorded sha256."""
         loc = parse_uri(uri)
-        if loc.is_local:
+        if loc.path is not None:
             if not loc.path.is_file():
                 raise ObjectNotFound(f"no such file {loc.path}")
             return loc.path.read_bytes()
 
         def op():
-            response = self.client.get_object(loc.bucket, loc.key)
+            response = self.client.get_object(_bucket(loc), loc.key)
             try:
                 headers = {k.lower(): v for k, v in response.headers.items()}
                 return headers.get(f"x-amz-meta-{SHA256_META}"), response.read()
@@ -272,7 +288,8 @@ class ObjectStore:
 
     # -- directories ------------------------------------------------------------------
 
-    def put_dir(self, src_dir: str | os.PathLike, uri: str) -> list[str]:
+    # `builtins.list`: inside this class `list` names the method above.
+    def put_dir(self, src_dir: str | os.PathLike, uri: str) -> builtins.list[str]:
         """Upload every file below ``src_dir`` to ``uri/<relative path>``; returns the URIs."""
         src_dir = Path(src_dir)
         out = []
@@ -282,11 +299,11 @@ class ObjectStore:
             out.append(target)
         return out
 
-    def get_dir(self, uri: str, dst_dir: str | os.PathLike) -> list[Path]:
+    def get_dir(self, uri: str, dst_dir: str | os.PathLike) -> builtins.list[Path]:
         """Download every object below ``uri`` into ``dst_dir``, keeping relative paths."""
         base = uri.rstrip("/") + "/"
         loc = parse_uri(base, allow_empty_key=True)
-        if loc.is_local:
+        if loc.path is not None:
             shutil.copytree(loc.path, dst_dir, dirs_exist_ok=True)
             return sorted(p for p in Path(dst_dir).rglob("*") if p.is_file())
         out = []

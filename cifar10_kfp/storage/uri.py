@@ -28,7 +28,7 @@ class Location:
 
     def child(self, name: str) -> Location:
         """The location ``name`` below this one (``name`` may contain '/')."""
-        if self.is_local:
+        if self.path is not None:
             return Location(path=self.path / name)
         key = f"{self.key.rstrip('/')}/{name}" if self.key else name
         return Location(bucket=self.bucket, key=validate_key(key))

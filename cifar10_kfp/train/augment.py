@@ -174,6 +174,7 @@ class TrainBatches:
             return values.view(steps, batch_size, *tail)[:, lo:hi].reshape(-1, *tail)
 
         index = mine(order)
+        assert index is not None  # order is never None
         device = self.labels.device
         rows = self.window_rows(index, mine(flips), mine(shifts)).to(device)
         return rows, self.labels.index_select(0, index.to(device))

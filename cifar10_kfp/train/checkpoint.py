@@ -65,6 +65,8 @@ def checkpoint_name(epoch: int, step: int | None = None) -> str:
 def _name_order(name: str) -> tuple[int, int]:
     """Oldest first: by epochs done, an epoch's end before the steps inside the following epoch."""
     match = _NAME_RE.match(name)
+    if match is None:
+        raise ValueError(f"{name!r} is not a checkpoint file name (ckpt-epochNNNNN[-stepNNNNNNNN].pt)")
     return int(match.group(1)), int(match.group(2)) if match.group(2) else -1
 
 

@@ -140,7 +140,7 @@ class TrainConfig:
     def model_config(self) -> dict:
         """Keyword arguments for ``build_model`` (stored in checkpoints and model.json)."""
         if self.architecture == "fast_resnet":
-            out = {"bn_momentum": self.bn_momentum, "head_scale": self.head_scale}
+            out: dict[str, typing.Any] = {"bn_momentum": self.bn_momentum, "head_scale": self.head_scale}
             if self.widths:
                 out["widths"] = list(self.widths)
             return out

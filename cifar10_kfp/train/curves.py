@@ -52,7 +52,7 @@ class TrainingCurves:
         from torch.utils.tensorboard import SummaryWriter
 
         if is_remote(self.uri):
-            self.store = store or open_store()
+            self.store: ObjectStore | None = store or open_store()
             self._tmp = Path(tempfile.mkdtemp(prefix="cifar10-kfp-tb-"))
             local_dir = self._tmp
         else:

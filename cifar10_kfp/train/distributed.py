@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,7 +66,7 @@ def setup_runtime(device: str = "auto") -> Runtime:
         torch.cuda.set_device(resolved)
     if not torch.distributed.is_initialized():
         backend = "nccl" if resolved.type == "cuda" else "gloo"
-        init_kwargs = {"device_id": resolved} if resolved.type == "cuda" else {}
+        init_kwargs: dict[str, typing.Any] = {"device_id": resolved} if resolved.type == "cuda" else {}
         torch.distributed.init_process_group(backend=backend, rank=rank, world_size=world_size, **init_kwargs)
     return Runtime(device=resolved, rank=rank, world_size=world_size, local_rank=local_rank)
 

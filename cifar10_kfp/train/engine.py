@@ -28,11 +28,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:  # annotation only: the data stage is imported where a dataset is loaded
+    from cifar10_kfp.data.format import PreparedDataset
+    from cifar10_kfp.storage import ObjectStore
 
 from cifar10_kfp.train.augment import DeviceData, TrainBatches, training_batches
 from cifar10_kfp.train.config import TrainConfig
@@ -82,7 +87,7 @@ class TrainResult:
     wrote_outputs: bool = True  # False on the other nodes of a multi-node run: rank 0's node has them
 
 
-def default_checkpoint_uri(run_id: str, config: TrainConfig, store=None) -> str:
+def default_checkpoint_uri(run_id: str, config: TrainConfig, store: ObjectStore | None = None) -> str:
     """``<store root>/checkpoints/<run_id>/<config hash>``: a retry of the same run and config resumes.
 
     The root is ``store``'s, else the one configured in the environment.
@@ -144,7 +149,7 @@ def seed_everything(seed: int) -> None:
 class RunData:
     """The prepared dataset of a run, on the device and laid out for training and evaluation."""
 
-    dataset: object  # cifar10_kfp.data.format.PreparedDataset
+    dataset: PreparedDataset
     train: TrainBatches
     eval: DeviceData
     eval_split: str
@@ -232,8 +237,8 @@ def train_one_epoch(
     totals = torch.stack(
         [sums.loss.double(), sums.correct.double(), torch.tensor(float(sums.images), device=runtime.device)]
     )
-    totals = all_reduce_sum(totals.double(), runtime).tolist()
-    return {"train_loss": totals[0] / totals[2], "train_acc": totals[1] / totals[2], "images": int(totals[2])}
+    loss_sum, correct, images = all_reduce_sum(totals.double(), runtime).tolist()
+    return {"train_loss": loss_sum / images, "train_acc": correct / images, "images": int(images)}
 
 
 @torch.no_grad()

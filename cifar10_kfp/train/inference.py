@@ -11,10 +11,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
 SERVED_TTA = True  # a published model predicts with flip TTA; its headline accuracy is TTA accuracy
+MIN_STD = 1.0 / 255.0  # the smallest channel std Normalize divides by (see there)
 
 
 class Normalize(nn.Module):
@@ -25,9 +28,21 @@ class Normalize(nn.Module):
     it runs) and held as buffers, so ``.to()`` and TorchScript carry them.
     """
 
-    def __init__(self, mean, std, device: torch.device | str | None = None, channels_last: bool = False):
+    scale: torch.Tensor  # buffers, declared so that they type as tensors rather than Tensor | Module
+    shift: torch.Tensor
+
+    def __init__(
+        self,
+        mean: Sequence[float],
+        std: Sequence[float],
+        device: torch.device | str | None = None,
+        channels_last: bool = False,
+    ):
         super().__init__()
-        std_t = torch.tensor(std, dtype=torch.float32, device=device).view(1, -1, 1, 1)
+        # A channel constant over the training images has std 0 (a tiny or synthetic dataset): 1/0
+        # would turn every input into inf/NaN. One grey level as the floor maps it to 0 instead, and
+        # never changes a real dataset's std (CIFAR-10's is about 0.25).
+        std_t = torch.tensor(std, dtype=torch.float32, device=device).clamp(min=MIN_STD).view(1, -1, 1, 1)
         self.register_buffer("scale", (1.0 / (255.0 * std_t.view(-1))).view(1, -1, 1, 1))
         self.register_buffer(
             "shift", (-torch.tensor(mean, dtype=torch.float32, device=device)).view(1, -1, 1, 1) / std_t

@@ -13,6 +13,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -40,7 +41,7 @@ def available_models() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def build_model(name: str, num_classes: int, image_size: int = 32, **config) -> nn.Module:
+def build_model(name: str, num_classes: int, image_size: int = 32, **config: Any) -> nn.Module:
     """Build a registered model. ``config`` holds architecture options (e.g. widths)."""
     if name not in _REGISTRY:
         raise ValueError(f"unknown model {name!r}: choose one of {available_models()}")
@@ -184,6 +185,7 @@ class FastResNet(nn.Module):
         filters = (eigenvectors.T / torch.sqrt(eigenvalues + eps)[:, None]).reshape(-1, 3, k, k)
         weight = torch.cat([filters, -filters]).to(self.whiten.weight)
         self.whiten.weight.copy_(weight)
+        assert self.whiten.bias is not None  # built with bias=True
         self.whiten.bias.zero_()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ import copy
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -33,6 +34,9 @@ from cifar10_kfp.train.config import TrainConfig
 from cifar10_kfp.train.distributed import Runtime
 from cifar10_kfp.train.inference import Normalize
 from cifar10_kfp.train.models import build_model
+
+if TYPE_CHECKING:  # annotation only
+    from cifar10_kfp.train.outputs import RunClock
 
 log = logging.getLogger(__name__)
 
@@ -139,9 +143,11 @@ class TrainingState:
 
     def evaluation_model(self) -> nn.Module:
         """The model to evaluate and export: the EMA weights when there is an EMA."""
+        net = self.eval_net
+        assert net is not None, "wrap_for_training sets eval_net"
         if self.ema is not None:
-            self.eval_net.load_state_dict(self.ema.state)
-        return self.eval_net
+            net.load_state_dict(self.ema.state)
+        return net
 
 
 def model_identity(config: TrainConfig, num_classes: int, image_size: int) -> dict:
@@ -157,15 +163,17 @@ def model_identity(config: TrainConfig, num_classes: int, image_size: int) -> di
 def build_model_for(config: TrainConfig, dataset, device: torch.device) -> nn.Module:
     """The freshly initialised model on ``device`` (with the whitening stem set from the data)."""
     net = build_model(config.architecture, dataset.num_classes, dataset.image_size, **config.model_config())
-    if config.whiten and hasattr(net, "init_whitening"):
+    init_whitening = getattr(net, "init_whitening", None)  # architectures with a whitening stem
+    if config.whiten and init_whitening is not None:
         # a seeded random sample: prepared splits may be ordered by class
         generator = torch.Generator().manual_seed(config.seed)
         pick = torch.randperm(len(dataset.train_labels), generator=generator)
-        pick = pick[: config.whiten_samples].sort().values.numpy()
-        sample = torch.from_numpy(dataset.train_images[pick])
-        net.init_whitening(Normalize(dataset.mean, dataset.std, torch.device("cpu"))(sample))
+        rows = pick[: config.whiten_samples].sort().values.numpy()
+        sample = torch.from_numpy(dataset.train_images[rows])
+        init_whitening(Normalize(dataset.mean, dataset.std, torch.device("cpu"))(sample))
     memory_format = torch.channels_last if config.channels_last else torch.preserve_format
-    return net.to(device=device, memory_format=memory_format)
+    # Module.to accepts memory_format (torch._C._nn._parse_to); torch's stub overloads omit it.
+    return net.to(device=device, memory_format=memory_format)  # type: ignore[call-overload]
 
 
 def build_training_state(
@@ -200,7 +208,8 @@ def wrap_for_training(state: TrainingState, config: TrainConfig, runtime: Runtim
         device_ids = [device.index] if device.type == "cuda" else None
         train_model = torch.nn.parallel.DistributedDataParallel(state.net, device_ids=device_ids)
     if config.compile and device.type == "cuda":
-        train_model = torch.compile(train_model)
+        # An OptimizedModule, an nn.Module; torch's stub types torch.compile's result as a plain callable.
+        train_model = torch.compile(train_model)  # type: ignore[assignment]
     state.train_model = train_model
     state.eval_net = copy.deepcopy(state.net) if state.ema is not None else state.net
 
@@ -304,12 +313,14 @@ class RunCheckpoints:
         self.config, self.identity, self.runtime = config, identity, runtime
         self.batch_size, self.steps_per_epoch = batch_size, steps_per_epoch
         self.clock = CheckpointClock()
-        self.run_clock = None  # the run's RunClock, set by the epoch loop
+        self.run_clock: RunClock | None = None  # the run's RunClock, set by the epoch loop
         self.epoch_started = time.perf_counter()
 
     def resume(self, state: TrainingState) -> None:
         """Load the newest checkpoint under the URI into ``state``, if there is one."""
-        saved = self.manager.load_latest() if self.manager is not None else None
+        if self.manager is None:
+            return
+        saved = self.manager.load_latest()
         if saved is None:
             return
         restore_training_state(
@@ -321,6 +332,7 @@ class RunCheckpoints:
             return
         where = f" + {state.step_in_epoch} steps" if state.step_in_epoch else ""
         log.info("resuming from %s at epoch %d%s (step %d)", self.manager.uri, state.epoch, where, state.step)
+        assert state.resumed is not None  # set by restore_training_state
         before = state.resumed["world_size"]
         if before != self.runtime.world_size:
             log.warning(
@@ -350,9 +362,10 @@ class RunCheckpoints:
 
     def _save(self, state: TrainingState, *, mid_epoch: bool) -> None:
         epoch_train_s = time.perf_counter() - self.epoch_started if mid_epoch else 0.0
-        clock = self.run_clock.snapshot(epoch_train_s) if self.run_clock is not None else {}
+        clock: dict = self.run_clock.snapshot(epoch_train_s) if self.run_clock is not None else {}
         payload = checkpoint_payload(
             state, self.config, self.identity, self.batch_size, self.runtime.world_size, clock
         )
+        assert self.manager is not None  # _save is called only with a checkpoint URI
         self.manager.save(payload, epoch=state.epoch, step=state.step, mid_epoch=mid_epoch)
         self.clock.reset()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import TYPE_CHECKING
 
 from cifar10_kfp.trainjob.manifest import (
     GROUP,
@@ -18,6 +19,9 @@ from cifar10_kfp.trainjob.manifest import (
     too_old_message,
     trainer_version_from_crd,
 )
+
+if TYPE_CHECKING:  # annotations only
+    from kubernetes.client import ApiClient
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +40,7 @@ class TrainJobTimedOut(TrainJobFailed):
     """The job did not finish within the launcher's timeout."""
 
 
-def load_kubernetes(host: str = ""):
+def load_kubernetes(host: str = "") -> ApiClient:
     """A ``kubernetes`` ApiClient: in-cluster config in a pod, else kubeconfig, or ``host`` when given."""
     from kubernetes import client, config
 
@@ -90,7 +94,7 @@ def custom_objects(api_client):
 # -------------------------------------------------------------------- the Trainer version
 
 
-def read_trainer_crd(api_client) -> tuple[int, dict | None]:
+def read_trainer_crd(api_client: ApiClient) -> tuple[int, dict | None]:
     """``(HTTP status, CRD)`` of the TrainJob CustomResourceDefinition."""
     from kubernetes.client.exceptions import ApiException
 
@@ -107,7 +111,7 @@ def read_trainer_crd(api_client) -> tuple[int, dict | None]:
         return exc.status, None
 
 
-def check_trainer_version(api_client, manifest: dict) -> str:
+def check_trainer_version(api_client: ApiClient, manifest: dict) -> str:
     """Refuse a Trainer older than 2.2 before anything is created; returns what was found.
 
     Reads the CRD's schema when allowed; otherwise asks the API server to validate the manifest
@@ -117,7 +121,7 @@ def check_trainer_version(api_client, manifest: dict) -> str:
 
     status, crd = read_trainer_crd(api_client)
     if status == 200:
-        found = trainer_version_from_crd(crd)
+        found = trainer_version_from_crd(crd or {})
         if found != ">=2.2":
             raise TrainerTooOld(too_old_message(found))
         return found
@@ -160,7 +164,7 @@ def _create_error(exc, ns: str, name: str) -> TrainJobFailed:
 # ------------------------------------------------------------------------ create / delete
 
 
-def submit_trainjob(api_client, manifest: dict) -> dict:
+def submit_trainjob(api_client: ApiClient, manifest: dict) -> dict:
     """Create the TrainJob; if one of that name exists (a retried step), re-attach to it.
 
     A job of that name that already *failed* is deleted and recreated: the new one resumes
@@ -187,7 +191,7 @@ def submit_trainjob(api_client, manifest: dict) -> dict:
     return api.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, manifest)
 
 
-def delete_trainjob(api_client, ns: str, name: str) -> bool:
+def delete_trainjob(api_client: ApiClient, ns: str, name: str) -> bool:
     """Delete the job and, through the garbage collector, its JobSet and pods; False if it was gone."""
     from kubernetes.client.exceptions import ApiException
 

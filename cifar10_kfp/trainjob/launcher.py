@@ -29,6 +29,7 @@ import os
 import signal
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cifar10_kfp.trainjob.api import (
     TrainJobFailed,
@@ -50,6 +51,12 @@ from cifar10_kfp.trainjob.manifest import (
 )
 from cifar10_kfp.trainjob.watch import watch_trainjob
 
+if TYPE_CHECKING:  # annotations only
+    from kubernetes.client import ApiClient
+
+    from cifar10_kfp.storage import ObjectStore
+    from cifar10_kfp.train import TrainConfig
+
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_H = 24.0  # the launcher's timeout unless the pipeline sets trainjob_timeout_h
@@ -68,7 +75,7 @@ def storage_env(config) -> dict[str, str]:
     return {key: value for key, value in env.items() if value}
 
 
-def request_for_run(config, *, run_id: str, store, data_uri: str, checkpoint_uri: str, image: str, num_nodes: int,
+def request_for_run(config: TrainConfig, *, run_id: str, store: ObjectStore, data_uri: str, checkpoint_uri: str, image: str, num_nodes: int,
                     gpus_per_node: int, min_nodes: int = 0, max_restarts: int = 3, timeout_h: float = DEFAULT_TIMEOUT_H,
                     service_account: str = "", image_pull_secrets: str = "", minio_endpoint: str = "",
                     minio_secure: bool = False) -> TrainJobRequest:  # fmt: skip
@@ -90,7 +97,7 @@ def request_for_run(config, *, run_id: str, store, data_uri: str, checkpoint_uri
     )  # fmt: skip
 
 
-def collect_outputs(output_uri: str, output_dir: str | os.PathLike, store=None) -> Path:
+def collect_outputs(output_uri: str, output_dir: str | os.PathLike, store: ObjectStore | None = None) -> Path:
     """Download what the node holding rank 0 uploaded (model/, history.json, metrics.json)."""
     from cifar10_kfp.storage import ObjectStore, join_uri
 
@@ -127,8 +134,8 @@ def run_trainjob(
     request: TrainJobRequest,
     output_dir: str | os.PathLike,
     *,
-    api_client=None,
-    store=None,
+    api_client: ApiClient | None = None,
+    store: ObjectStore | None = None,
     timeout_s: float = 0.0,
     keep: bool = False,
     events_every_s: float = 30.0,

@@ -5,9 +5,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from cifar10_kfp.trainjob.api import TrainJobFailed, TrainJobTimedOut, custom_objects
 from cifar10_kfp.trainjob.manifest import GROUP, PLURAL, VERSION, JobState, job_state
+
+if TYPE_CHECKING:  # annotations only
+    from kubernetes.client import ApiClient
 
 log = logging.getLogger(__name__)
 
@@ -15,7 +19,7 @@ log = logging.getLogger(__name__)
 class EventReporter:
     """Logs the new Warning events of a job and of everything named after it (JobSet, Jobs, pods)."""
 
-    def __init__(self, api_client, namespace: str, name: str):
+    def __init__(self, api_client: ApiClient, namespace: str, name: str):
         self.api_client, self.namespace, self.name = api_client, namespace, name
         self.seen: dict[str, int] = {}  # event uid -> count already reported
         self.recent: list[str] = []
@@ -54,7 +58,7 @@ def _event_time(event) -> float:
 
 
 def watch_trainjob(
-    api_client,
+    api_client: ApiClient,
     namespace: str,
     name: str,
     *,
@@ -104,6 +108,7 @@ def watch_trainjob(
             events.poll()
             next_events = now + events_every_s
         if deadline is not None and now > deadline:
+            assert last is not None  # seen() has run above
             warnings = "; ".join(events.recent) or "no warning events"
             raise TrainJobTimedOut(
                 f"did not finish within {timeout_s:g}s (last state: {last.phase}; {warnings})"
@@ -113,6 +118,7 @@ def watch_trainjob(
         )
         if _watch_once(watch.Watch(), api, namespace, name, obj, window, seen):
             break
+    assert last is not None  # the loop ends only after seen() ran
     if last.phase == "Failed":
         raise TrainJobFailed(
             f"TrainJob {namespace}/{name} failed: {last.reason or 'Failed'}: {last.message or 'no message'}"

@@ -22,17 +22,20 @@ import json
 import logging
 import queue
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cifar10_kfp.params import table as params
 from cifar10_kfp.params.space import Dimension, candidate_count
+
+if TYPE_CHECKING:  # annotations only
+    from cifar10_kfp.train import TrainConfig
 
 log = logging.getLogger(__name__)
 
 Trainer = Callable[[Any, Callable[[dict], None]], list]  # (TrainConfig, on_epoch) -> history rows
 
 
-def trial_config(values: Mapping[str, Any], searched: Mapping[str, Any]):
+def trial_config(values: Mapping[str, Any], searched: Mapping[str, Any]) -> TrainConfig:
     """The ``TrainConfig`` of one trial: the pipeline's settings, the searched values, ``trial_epochs``."""
     extra = {"progress": False}
     if values["trial_epochs"]:

@@ -13,6 +13,7 @@ benchmark can draw dozens of sampler seeds from one table.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -34,11 +35,14 @@ def candidates(space: Mapping[str, Dimension]) -> list[dict]:
     """Every configuration of a discrete space (choices and int ranges), in a fixed order."""
     import itertools
 
-    values = []
+    values: list[list] = []
     for dim in space.values():
         if dim.size() is None:
             raise ValueError(f"search_space.{dim.name} is a float range: a table needs a discrete space")
-        values.append(list(dim.choices) if dim.kind == "categorical" else list(range(dim.low, dim.high + 1)))
+        if dim.kind == "categorical":
+            values.append(list(dim.choices))
+        else:  # an int range: size() checked both ends are set
+            values.append(list(range(int(dim.low or 0), int(dim.high or 0) + 1)))
     return [dict(zip(space, combo)) for combo in itertools.product(*values)]
 
 
@@ -77,9 +81,8 @@ def learning_curves(values: Mapping[str, Any], dataset, configs: Sequence[Mappin
     data, runtime = StudyData.on_device(dataset, name, device), Runtime(device=device)
     table = {}
     for searched in configs:
-        history = train_trial(
-            trial_config(values, searched), data, runtime, lambda row, at=dict(searched): on_row(at, row)
-        )
+        each_row = functools.partial(on_row, dict(searched))
+        history = train_trial(trial_config(values, searched), data, runtime, each_row)
         table[config_key(searched)] = [_table_row(row) for row in history]
     return table
 

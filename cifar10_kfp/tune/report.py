@@ -97,7 +97,7 @@ def _plots(study) -> list[tuple[str, bytes | str]]:
     import optuna
     import optuna.visualization.matplotlib as ovm
 
-    out = []
+    out: list[tuple[str, bytes | str]] = []
     for title, plot in (
         ("Optimisation history", ovm.plot_optimization_history),
         ("Parameter importances", ovm.plot_param_importances),
@@ -106,7 +106,8 @@ def _plots(study) -> list[tuple[str, bytes | str]]:
         try:
             with warnings.catch_warnings():  # Optuna marks its matplotlib plots experimental
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                axes = plot(study=study)
+                # an Axes, or an array of them for several parameters (Optuna annotates only the first)
+                axes: Any = plot(study=study)
             figure = axes.figure if hasattr(axes, "figure") else axes.flat[0].figure
             out.append((title, _figure_png(figure)))
             plt.close(figure)

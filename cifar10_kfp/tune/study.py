@@ -32,12 +32,15 @@ import uuid
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cifar10_kfp.params import table as params
 from cifar10_kfp.params.space import parse_search_space
 from cifar10_kfp.tune.objective import device_trainer, make_objective, optimize, trial_config
 from cifar10_kfp.tune.report import TuneResult
+
+if TYPE_CHECKING:  # annotations only
+    from cifar10_kfp.storage import ObjectStore
 
 __all__ = ["run_study", "trial_config", "training_with", "create_study", "make_sampler", "make_pruner"]
 
@@ -65,7 +68,7 @@ def training_with(training: Mapping[str, Any], searched: Mapping[str, Any]) -> d
     return out
 
 
-def default_study_uri(checkpoint_uri: str, run_id: str, store=None) -> str:
+def default_study_uri(checkpoint_uri: str, run_id: str, store: ObjectStore | None = None) -> str:
     """``<checkpoint_uri>/tune``, else ``<store root>/tune/<run_id>``: a retried task finds its study."""
     if checkpoint_uri:
         return f"{checkpoint_uri.rstrip('/')}/tune"
@@ -218,7 +221,7 @@ def _device_slots(data: str, device, concurrent: int | None) -> queue.Queue:
 
 
 def run_study(values: Mapping[str, Any], data: str, output_dir: str | os.PathLike, *, study_uri: str,
-              store=None, concurrent: int | None = None) -> TuneResult:  # fmt: skip
+              store: ObjectStore | None = None, concurrent: int | None = None) -> TuneResult:  # fmt: skip
     """Run (or resume) the study on the prepared dataset ``data``; write its outputs to ``output_dir``.
 
     ``concurrent``: how many trials run at once (default: one per visible GPU when the study runs

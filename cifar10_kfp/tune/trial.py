@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from cifar10_kfp.train.augment import DeviceData, TrainBatches
 from cifar10_kfp.train.config import TrainConfig
@@ -20,12 +21,15 @@ from cifar10_kfp.train.inference import Normalize
 from cifar10_kfp.train.outputs import RunClock
 from cifar10_kfp.train.state import RunCheckpoints, build_training_state, model_identity, wrap_for_training
 
+if TYPE_CHECKING:  # annotation only
+    from cifar10_kfp.data.format import PreparedDataset
+
 
 @dataclass
 class StudyData:
     """The prepared dataset, its training and validation splits on the device, loaded once per study."""
 
-    dataset: object  # cifar10_kfp.data.format.PreparedDataset
+    dataset: PreparedDataset
     train: DeviceData
     eval: DeviceData
     eval_split: str

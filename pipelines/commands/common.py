@@ -5,8 +5,8 @@ the cluster-policy flags that ``compile``, ``submit`` and ``schedule`` bake into
 (``add_policy_flags`` / ``policy_from_args``), and the KFP connection and login flags of
 ``submit``, ``schedule`` and ``runs`` (``add_connection_flags`` / ``login_from_args``), and the
 multi-node flags of ``train``, which a Kubeflow Trainer node runs too (``add_multinode_arguments`` /
-``rendezvous_from_args`` / ``finish``), and where ``runs --local`` and ``tensorboard`` find the
-store ``run-local`` used (``add_local_store_flag``).
+``rendezvous_from_args`` / ``finish``), and where ``runs --local``, ``tensorboard`` and ``predict`` find the
+store ``run-local`` used (``add_local_store_flag`` / ``missing_local_store``).
 """
 
 from __future__ import annotations
@@ -36,6 +36,24 @@ def add_local_store_flag(parser: argparse.ArgumentParser, when: str) -> None:
     default = f"{DEFAULT_OUTPUT_ROOT.as_posix()}/{STORE_DIR_NAME}"
     parser.add_argument(
         "--data-dir", default=default, help=f"{when}: the embedded store's data (default {default})"
+    )
+
+
+def missing_local_store(data_dir: str) -> str:
+    """Why ``--data-dir`` cannot serve as the object store ("" when it can, or MINIO_ENDPOINT is set).
+
+    Checked before an embedded store starts on it, so that a command run where no ``run-local``
+    ran says so instead of creating an empty store there.
+    """
+    import os
+    from pathlib import Path
+
+    if os.environ.get("MINIO_ENDPOINT") or (Path(data_dir) / "data").is_dir():
+        return ""
+    return (
+        f"no local object store at {Path(data_dir).absolute()} (and MINIO_ENDPOINT is not set): "
+        "`cifar10-kfp run-local` (or `make run`) keeps one there; pass --data-dir for another, or export "
+        "MINIO_ENDPOINT/MINIO_ACCESS_KEY/MINIO_SECRET_KEY for a running store"
     )
 
 

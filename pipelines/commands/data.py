@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from cifar10_kfp.data import CIFAR10_URL  # light: a constant, no torch
+from cifar10_kfp.data import CIFAR10_URL, MAX_VAL_FRACTION  # light: constants, no torch
 
 HELP = (
     "download, verify and preprocess a dataset (official CIFAR-10 or an image-folder archive) into one file"
@@ -24,7 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="ALGO:HEX",
         help="md5:HEX or sha256:HEX to verify (the official URL is always checked against its md5)",
     )
-    parser.add_argument("--val-fraction", type=float, default=0.1, help="stratified validation share, [0, 1)")
+    parser.add_argument(
+        "--val-fraction", type=float, default=0.1,
+        help=f"stratified validation share of the train split, in [0, {MAX_VAL_FRACTION:g}] (the pipeline's rule)",
+    )  # fmt: skip
     parser.add_argument(
         "--max-train-samples", type=int, default=0, metavar="N", help="stratified train subset; 0 = all"
     )
@@ -35,6 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--image-size", type=int, default=32, metavar="S", help="output images are S x S (default 32)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the subsets and the split")
+    parser.add_argument(
+        "--skip-bad-images", action="store_true",
+        help="leave out image-folder images that cannot be decoded, listing them (default: the first one fails, "
+        "naming it)",
+    )  # fmt: skip
     parser.add_argument("--output", required=True, metavar="PATH", help="where to write dataset.safetensors")
     parser.add_argument(
         "--no-cache",
@@ -69,6 +77,15 @@ def _format_summary(summary: dict, cache: str) -> str:
         download = "hit (nothing fetched)" if summary["download_cache_hit"] else "miss (fetched and stored)"
         prepared = "hit (nothing decoded)" if summary["prepared_cache_hit"] else "miss (decoded and stored)"
         lines.append(f"cache       archive {download}; prepared {prepared}")
+    skipped = summary.get("skipped_images") or []
+    if skipped:
+        lines.append(f"skipped     {len(skipped)} undecodable image(s) (--skip-bad-images):")
+        lines += [f"              {item['name']}: {item['error']}" for item in skipped[:20]]
+        lines += (
+            [f"              ... and {len(skipped) - 20} more (--json lists all)"]
+            if len(skipped) > 20
+            else []
+        )
     lines.append(f"output      {summary['output']}")
     return "\n".join(lines)
 
@@ -90,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
         max_test_samples=args.max_test_samples,
         image_size=args.image_size,
         seed=args.seed,
+        skip_bad_images=args.skip_bad_images,
         store=store,
         cache=not args.no_cache,
     )

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+API_TIMEOUT_S = 15  # per request: a cluster that does not answer is reported, not waited on forever
 HELP = "check the Kubernetes cluster: KFP up, object-store secret and endpoint, GPU nodes, Kubeflow Trainer"
 
 
@@ -35,8 +37,9 @@ def _api_get(api_client, path: str):
 
     try:
         response = api_client.call_api(
-            path, "GET", auth_settings=["BearerToken"], response_type="object", _return_http_data_only=True
-        )
+            path, "GET", auth_settings=["BearerToken"], response_type="object", _return_http_data_only=True,
+            _request_timeout=API_TIMEOUT_S,
+        )  # fmt: skip
         return 200, response
     except ApiException as exc:
         return exc.status, None
@@ -99,7 +102,7 @@ def _holds_well_known_pair(data: dict) -> bool:
     return pair == WELL_KNOWN_DEV_CREDENTIALS
 
 
-def check_storage_access(env: dict[str, str] | None = None) -> list[Check]:
+def check_storage_access(env: Mapping[str, str] | None = None) -> list[Check]:
     """Put, get, list and delete a small object under the real prefix, with this shell's MINIO_* settings."""
     from cifar10_kfp.storage import ObjectStore, StorageConfig, StorageError, probe_access
 
@@ -185,7 +188,7 @@ def check_trainer(api_client, num_nodes: int) -> Check:
     if status != 200:
         return Check("Kubeflow Trainer", False, f"CRD {PLURAL}.{GROUP} not found (HTTP {status})",
                      "install Kubeflow Trainer >= 2.2 (see docs/multi-node.md), or use num_nodes=1")  # fmt: skip
-    found = trainer_version_from_crd(crd)
+    found = trainer_version_from_crd(crd or {})
     if found != ">=2.2":
         return Check("Kubeflow Trainer", False, too_old_message(found),
                      "upgrade Kubeflow Trainer to 2.2 or later (docs/multi-node.md)")  # fmt: skip
@@ -225,16 +228,32 @@ def format_report(checks: list[Check]) -> str:
     return "\n".join(lines)
 
 
+K8S_UNREACHABLE_CHECK = (
+    "check your kubeconfig's current context (`kubectl config current-context`, `kubectl cluster-info`): "
+    "the cluster, or the tunnel or port-forward to it, must be up; or pass --kube-api URL"
+)
+
+
 def run(args: argparse.Namespace) -> int:
+    from urllib3.exceptions import HTTPError
+
     from cifar10_kfp.trainjob import load_kubernetes
+    from cifar10_kfp_pipelines.kfp_client import quiet_retries, unreachable_reason
 
     try:
         api_client = load_kubernetes(args.kube_api or "")
     except Exception as exc:  # noqa: BLE001 - no kubeconfig and not in a pod: say so plainly
-        print(
-            f"[FAIL] Kubernetes API: cannot load a configuration ({exc})\n       fix: set KUBECONFIG or pass --kube-api"
-        )
+        cause = exc.__cause__ or exc
+        print(f"[FAIL] Kubernetes API: no cluster is configured: no usable kubeconfig ({cause}) and not "
+              "running in a pod\n       fix: point KUBECONFIG (or ~/.kube/config) at your cluster's "
+              "kubeconfig, or pass --kube-api URL")  # fmt: skip
         return 1
-    checks = diagnose(api_client, args)
+    try:
+        with quiet_retries():
+            checks = diagnose(api_client, args)
+    except HTTPError as exc:  # the first request got no HTTP answer at all: nothing else can be checked
+        print(f"[FAIL] Kubernetes API: {api_client.configuration.host} {unreachable_reason(exc)}\n"
+              f"       fix: {K8S_UNREACHABLE_CHECK}")  # fmt: skip
+        return 1
     print(format_report(checks))
     return 0 if all(c.ok or not c.required for c in checks) else 1

@@ -11,7 +11,8 @@ HELP = (
     "list recent KFP runs (or, with --local, run-local runs) with their key metrics (test accuracy, "
     "published version) side by side"
 )
-COLUMNS = ("created", "state", "test_acc", "val_acc", "published", "name", "run id")
+COLUMNS = ("created", "state", "test_acc", "val_acc", "published", "name", "run id", "note")
+NOTE_WIDTH = 120  # a table cell shows the first line of a note, cut here; --json has it whole
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,9 +66,22 @@ def collect(
                 "test_accuracy": metrics.get("test_accuracy"),
                 "val_acc": metrics.get("val_acc"),
                 "published": published.get("version", ""),
+                "note": row_note(summary),
             }
         )
     return rows
+
+
+def row_note(summary: dict) -> str:
+    """A failed run's step and error, or why a finished run published nothing ("" otherwise)."""
+    from cifar10_kfp.runs import unpublished_reason
+
+    if not summary:
+        return ""
+    if summary.get("status") == "FAILED":
+        return f"failed at {summary.get('failed_task') or '?'}: {summary.get('error') or 'unknown error'}"
+    reason = unpublished_reason(summary)
+    return f"not published: {reason}" if reason else ""
 
 
 def local_rows(store, limit: int) -> list[dict]:
@@ -88,6 +102,7 @@ def local_rows(store, limit: int) -> list[dict]:
                 "test_accuracy": metrics.get("test_accuracy"),
                 "val_acc": metrics.get("val_acc"),
                 "published": (summary.get("published") or {}).get("version", ""),
+                "note": row_note(summary),
             }
         )
     return rows
@@ -98,6 +113,7 @@ def format_table(rows: list[dict]) -> str:
         value = {
             "created": row["created"], "state": row["state"], "name": row["name"], "run id": row["run_id"],
             "test_acc": row["test_accuracy"], "val_acc": row["val_acc"], "published": row["published"] or "-",
+            "note": _first_line(row.get("note", ""), NOTE_WIDTH),
         }[column]  # fmt: skip
         if isinstance(value, float):
             return f"{value:.4f}"
@@ -108,11 +124,20 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip() for line in table)
 
 
+def _first_line(text: str, width: int) -> str:
+    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
 def run(args: argparse.Namespace) -> int:
     if args.local:
         from cifar10_kfp.storage import ObjectStore
         from cifar10_kfp_pipelines.local import object_store_env
 
+        missing = common.missing_local_store(args.data_dir)
+        if missing:
+            print("[]" if args.json else f"no runs: {missing}")
+            return 0
         with object_store_env(args.data_dir):
             rows = local_rows(ObjectStore(), args.limit)
         print(json.dumps(rows, indent=2) if args.json else (format_table(rows) if rows else "no runs"))

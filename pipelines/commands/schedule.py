@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
     toggle = [(verb, name) for verb, name in (("enable", args.enable), ("disable", args.disable),
                                               ("delete", args.delete)) if name]  # fmt: skip
-    params = None
+    params: dict = {}  # set below unless toggling, which needs none
     if not toggle:  # check everything local before the first request
         if not args.cron:
             raise ValueError(

@@ -63,6 +63,9 @@ def download_curves(args: argparse.Namespace) -> Path:
     from cifar10_kfp.storage import ObjectStore
     from cifar10_kfp_pipelines.local import DEFAULT_OUTPUT_ROOT, object_store_env
 
+    missing = common.missing_local_store(args.data_dir)
+    if missing:
+        raise ValueError(missing)
     with object_store_env(args.data_dir):
         store = ObjectStore()
         run, uri = ("uri", args.uri) if args.uri else find_curves(store, args.run)

@@ -9,7 +9,13 @@ from kfp import dsl
 
 from cifar10_kfp.data.format import load_prepared, read_metadata
 from cifar10_kfp_components.data import download_dataset, preprocess_dataset
-from tests.support.datagen import LocalHTTPServer, file_digest, make_official_archive
+from tests.support.datagen import (
+    LocalHTTPServer,
+    file_digest,
+    make_image_folder_archive,
+    make_official_archive,
+    small_image_folder,
+)
 from tests.support.paths import ROOT
 
 PREPROCESS_ARGS = dict(val_fraction=0.1, max_train_samples=200, max_test_samples=50, image_size=32, seed=0)
@@ -56,6 +62,23 @@ def test_components_with_real_artifacts(store_env, official_archive, tmp_path):
     assert Path(dataset.path).read_bytes() == Path(again_dataset.path).read_bytes()
     assert read_metadata(dataset.path)["counts"] == meta["counts"]
     json.dumps(meta)  # the UI metadata is plain JSON
+
+
+def test_preprocess_component_skips_undecodable_images_only_when_asked(store_env, tmp_path):
+    files = small_image_folder(per_class=3)
+    files["data/test/dog/broken.png"] = b"not a png"
+    path = make_image_folder_archive(tmp_path / "folder.tar.gz", files)
+    store = {"bucket": "", "storage_prefix": "", "minio_endpoint": os.environ["MINIO_ENDPOINT"]}
+    archive = dsl.Artifact(uri=str(tmp_path / "archive"), metadata={})
+    download_dataset.python_func(source_uri=str(path), checksum="", **store, archive=archive)
+    args = dict(PREPROCESS_ARGS, val_fraction=0.0, max_train_samples=0, max_test_samples=0)
+    refused = dsl.Dataset(uri=str(tmp_path / "refused"), metadata={})
+    with pytest.raises(ValueError, match="cannot decode image data/test/dog/broken.png"):
+        preprocess_dataset.python_func(archive=archive, **args, **store, dataset=refused)
+    dataset = dsl.Dataset(uri=str(tmp_path / "skipped"), metadata={})
+    preprocess_dataset.python_func(archive=archive, **args, **store, dataset=dataset, skip_bad_images=1)
+    assert dataset.metadata["skipped_images"] == 1 and dataset.metadata["sizes"]["test"] == 6
+    assert [s["name"] for s in read_metadata(dataset.path)["skipped_images"]] == ["data/test/dog/broken.png"]
 
 
 def test_download_component_needs_an_object_store(official_archive, tmp_path, monkeypatch):
@@ -121,6 +144,6 @@ def test_component_specs(tmp_path):
     inputs = yaml.safe_load((tmp_path / "preprocess-dataset.yaml").read_text())["root"]["inputDefinitions"]
     assert set(inputs["parameters"]) == {
         "val_fraction", "max_train_samples", "max_test_samples", "image_size", "seed", "bucket", "storage_prefix",
-        "minio_endpoint",
+        "minio_endpoint", "skip_bad_images",
     }  # fmt: skip
     assert inputs["artifacts"]["archive"]["artifactType"]["schemaTitle"] == "system.Artifact"

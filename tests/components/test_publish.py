@@ -36,11 +36,15 @@ def _publish(model_dir, data, tmp_path, run_id):
     out = publish_model.python_func(
         model=dsl.Model(uri=str(model_dir)),
         dataset=dsl.Dataset(uri=str(data)),
+        gate_decision=dsl.Artifact(uri=str(tmp_path / "decision.json")),
         test_accuracy=0.9,
+        test_accuracy_plain=0.875,
         model_name="cifar10-test",
         run_id=run_id,
         bucket="",
         storage_prefix="",
+        model_registry_url="",  # off: tests/model_registry runs it against the real registry
+        image="ghcr.io/cifar10-kfp/cifar10-kfp:0.1.0",
         card=card,
         inference_service=isvc,
     )
@@ -58,7 +62,7 @@ def test_gate_then_publish_then_gate_again(store_env, trained_model_dir, tiny_da
     assert not below.passed and "below min_accuracy" in record["reason"]
 
     out, card, isvc = _publish(trained_model_dir, tiny_dataset_path, tmp_path, "run-1")
-    assert out.uri == store_env.root_uri("models", "cifar10-test", out.version)
+    assert out.uri == store_env.root_uri("models", "cifar10-test", out.version) and out.registration == ""
     assert out.version.endswith("-run1")
     assert latest_version("cifar10-test", store=store_env)["version"] == out.version
     card_text = (tmp_path / "card-run-1.md").read_text()
@@ -72,6 +76,8 @@ def test_gate_then_publish_then_gate_again(store_env, trained_model_dir, tiny_da
 
     assert card_json["dataset_digest"] == sha256_file(tiny_dataset_path)
     assert card_json["parameters"]["source_digest"] == "0" * 64
+    assert card_json["metrics"] == {"test_accuracy": 0.9, "test_accuracy_plain": 0.875}
+    assert "model_registry" not in card_json
 
     # The same model is now the champion: an equal challenger does not beat it.
     again, _, record = _gate(trained_model_dir, tiny_dataset_path, tmp_path, accuracy=0.5, name="again.json")
@@ -86,7 +92,7 @@ def test_publish_components_spec(tmp_path):
 
     for component, outputs in (
         (gate_model, {"passed", "champion_accuracy"}),
-        (publish_model, {"uri", "version"}),
+        (publish_model, {"uri", "version", "registration"}),
     ):
         path = tmp_path / f"{component.name}.yaml"
         compiler.Compiler().compile(component, str(path))

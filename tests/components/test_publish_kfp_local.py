@@ -40,8 +40,11 @@ def test_evaluate_gate_publish_under_kfp_local(store_env, trained_model_dir, tin
         flag = passed_flag(passed=gate.outputs["passed"]).set_caching_options(False)
         with dsl.If(flag.output == True):  # noqa: E712 - a KFP condition
             publish_model(
-                model=model.output, dataset=data.output, test_accuracy=evaluation.outputs["test_accuracy"],
-                model_name="local-run", run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, bucket="", storage_prefix="",
+                model=model.output, dataset=data.output, gate_decision=gate.outputs["decision"],
+                test_accuracy=evaluation.outputs["test_accuracy"],
+                test_accuracy_plain=evaluation.outputs["test_accuracy_plain"], model_name="local-run",
+                run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, bucket="", storage_prefix="", model_registry_url="",
+                image="local",
             ).set_caching_options(False)  # fmt: skip
 
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "kfp-root"))

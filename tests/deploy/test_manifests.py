@@ -104,23 +104,14 @@ def test_schema_validation_catches_a_broken_job():
         kubernetes_validate.validate(job, KUBERNETES_VERSIONS[-1], strict=True)
 
 
-def _kustomize_command() -> list[str] | None:
-    if shutil.which("kustomize"):
-        return ["kustomize", "build"]
-    if shutil.which("kubectl"):
-        probe = subprocess.run(["kubectl", "kustomize", "--help"], capture_output=True, text=True)
-        if probe.returncode == 0:
-            return ["kubectl", "kustomize"]
-    return None
-
-
 def _kustomize(folder: Path) -> list[dict]:
-    command = _kustomize_command()
-    if command is None:
-        pytest.skip(
-            "neither kustomize nor kubectl (which embeds it) is installed; Debian has no kustomize package"
-        )
-    result = subprocess.run([*command, str(folder)], capture_output=True, text=True, timeout=60)
+    """``kustomize build`` of a folder, with kustomize built from its Go module (once; cached outside the repo)."""
+    from tests.support.cluster.gobuild import ensure_binary
+
+    kustomize = ensure_binary("kustomize")  # `make test` builds it first (the `tools` target)
+    result = subprocess.run(
+        [str(kustomize), "build", str(folder)], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 

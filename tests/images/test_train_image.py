@@ -421,8 +421,13 @@ def test_hadolint_passes():
 
 
 @pytest.mark.slow
-def test_compiled_pipeline_runs_every_step_in_this_image_without_installing_anything(tmp_path, monkeypatch):
-    """The contract between the image and the components: kfp is in the image, so no step pip-installs."""
+def test_compiled_training_pipeline_names_this_image_for_every_step_and_installs_nothing(
+    tmp_path, monkeypatch
+):
+    """The compiled spec's side of the image contract: every executor names this image and none pip-installs.
+
+    It reads the compiled spec; it does not run a step in the image (no container runtime here).
+    """
     from cifar10_kfp_components import image
     from cifar10_kfp_pipelines.catalog import compile_to
 

@@ -10,6 +10,7 @@ small image-folder dataset plus one bad member, so the bad member is the only re
 from __future__ import annotations
 
 import hashlib
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from tests.reliability.harness import FIGURES
 from tests.support.datagen import (
     BOMB_TEST_CAP,
     MALICIOUS_BUILDERS,
+    REJECTION_REASONS,
     LocalHTTPServer,
     make_image_folder_archive,
     small_image_folder,
@@ -41,6 +43,13 @@ def _bucket_listing(store) -> list[tuple[str, int]]:
 
 
 def _attempt(store, source: str, checksum: str, tmp_path: Path, *, hostile: bool = True):
+    """One ``prepare_from_source`` call; (the ArchiveError/ChecksumError that refused it, or None, ...).
+
+    Only the library's own refusals count: any other exception (a network error, a crash) is no
+    refusal and propagates, failing the test with its own traceback.
+    """
+    from cifar10_kfp.data.archives import ArchiveError
+    from cifar10_kfp.data.download import ChecksumError
     from cifar10_kfp.data.preprocess import prepare_from_source
 
     output = tmp_path / "prepared" / "dataset.safetensors"
@@ -48,12 +57,33 @@ def _attempt(store, source: str, checksum: str, tmp_path: Path, *, hostile: bool
     error = None
     try:
         prepare_from_source(source, checksum, output, store=store)
-    except (ValueError, RuntimeError, OSError) as exc:  # ArchiveError/ChecksumError are ValueErrors
+    except (ArchiveError, ChecksumError) as exc:
         error = exc
     after = _bucket_listing(store)
     if hostile:
         FIGURES.record_rejection(KIND, error is not None and before == after and not output.exists())
     return error, before, after, output
+
+
+def _landing_zone(tmp_path: Path, monkeypatch) -> Path:
+    """Make every place a member could be written relative to lie at least two levels inside tmp_path.
+
+    The working directory and the temporary directories the library makes (``tempfile``) move
+    below ``tmp_path``, so ``data/../../evil.txt`` written relative to any of them, or to the
+    output directory, lands inside ``tmp_path``, where ``_written_files`` sees it.
+    """
+    cwd = tmp_path / "cwd" / "a" / "b"
+    cwd.mkdir(parents=True)
+    monkeypatch.chdir(cwd)
+    (tmp_path / "tmp" / "t").mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp" / "t"))
+    return cwd
+
+
+def _written_files(tmp_path: Path, archive: Path) -> list[Path]:
+    """Every file under tmp_path but the archive itself, and any absolute member's path that exists."""
+    found = sorted(p for p in tmp_path.rglob("*") if not p.is_dir() and p != archive)
+    return found + [Path(m) for m in ESCAPE_MARKERS if Path(m).exists()]
 
 
 @pytest.mark.parametrize("case", sorted(MALICIOUS_BUILDERS))
@@ -63,14 +93,16 @@ def test_hostile_archive_is_rejected_and_cache_unchanged(case, rel_store, http_s
         Path(marker).unlink(missing_ok=True)
     archive, bad_member = MALICIOUS_BUILDERS[case](tmp_path / f"{case}.tar.gz")
     url = http_server.add_file(f"{case}/{archive.name}", archive)
+    _landing_zone(tmp_path, monkeypatch)
     error, before, after, output = _attempt(rel_store, url, "", tmp_path)
     assert error is not None, f"{case}: the archive was accepted"
+    assert REJECTION_REASONS[case] in str(error), f"{case}: refused for another reason: {error!r}"
     if bad_member:
         assert bad_member in str(error), f"{case}: the error does not name the bad member: {error}"
     assert after == before, f"{case}: the object store changed: {sorted(set(after) ^ set(before))}"
     assert not output.exists(), f"{case}: a prepared dataset was written"
-    for marker in ESCAPE_MARKERS:
-        assert not Path(marker).exists(), f"{case}: a member escaped to {marker}"
+    written = _written_files(tmp_path, archive)
+    assert not written, f"{case}: the refused attempt wrote files: {written}"
 
 
 @pytest.mark.parametrize("algo", ["sha256", "md5"])

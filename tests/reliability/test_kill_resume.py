@@ -3,8 +3,10 @@
 The points are drawn with a seeded RNG (``RELIABILITY_SEED``, default 7) from three kinds, each
 kind at least once, so a run is reproducible:
 
-* ``mid-epoch``: a random 15-40% of an epoch's duration after the epoch began (the previous
-  checkpoint pointer was written, or the resumed checkpoint was fetched);
+* ``mid-epoch``: once the process has done a random 15-40% of an epoch's work after the epoch
+  began (the previous checkpoint pointer was written, or the resumed checkpoint was fetched). Work
+  is process CPU time, measured against the uninterrupted run's per-epoch CPU time: unlike wall
+  time, it does not stretch when other work shares the machine;
 * ``mid-checkpoint-upload``: when half of the checkpoint object's body has gone through the
   proxy, which slows checkpoint uploads to about a second so the window is wide;
 * ``after-checkpoint``: as soon as the store holds the new ``latest.json`` pointer.
@@ -21,6 +23,7 @@ import os
 import random
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -54,13 +57,24 @@ def test_kill_points_are_distinct_cover_every_kind_and_are_reproducible():
     assert points == choose_kill_points(SEED, EPOCHS)
 
 
+def _cpu_s(proc: Proc) -> float:
+    """CPU seconds (user + system, all threads) the training process has used so far; 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{proc.popen.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 class KillAt:
     """Arms the proxy to SIGKILL ``proc`` at one point; remembers what it saw."""
 
-    def __init__(self, point, proc: Proc, proxy: S3Proxy, manager: CheckpointManager, epoch_s: float, rng):
+    def __init__(
+        self, point, proc: Proc, proxy: S3Proxy, manager: CheckpointManager, epoch_cpu_s: float, rng
+    ):
         self.epoch, self.kind = point
         self.proc, self.proxy, self.manager = proc, proxy, manager
-        self.delay_s = rng.uniform(0.15, 0.4) * epoch_s  # early: a busier machine only slows the epoch
+        self.work_s = rng.uniform(0.15, 0.4) * epoch_cpu_s  # CPU seconds into the epoch
         self.fired = threading.Event()
         self.boundary: float | None = None
         self.sent_fraction: float | None = None
@@ -90,7 +104,14 @@ class KillAt:
             )
             if started:
                 self.boundary = time.monotonic()
-                threading.Timer(self.delay_s, self._kill).start()
+                threading.Thread(target=self._kill_after_work, args=(_cpu_s(self.proc),), daemon=True).start()
+
+    def _kill_after_work(self, cpu_at_boundary: float) -> None:
+        while not self.fired.is_set() and self.proc.alive:
+            if _cpu_s(self.proc) - cpu_at_boundary >= self.work_s:
+                self._kill()
+                return
+            time.sleep(0.005)
 
     def _kill_once_pointer_is_stored(self) -> None:
         wait_until(
@@ -118,7 +139,7 @@ def test_kill9_at_five_points_then_rerun_is_bitwise_identical(
         for attempt, point in enumerate(points, start=1):
             epoch, kind = point
             proc = Proc(argv, env=env, log_path=tmp_path / f"attempt{attempt}.log")
-            killer = KillAt(point, proc, proxy, manager, reference_run.epoch_s, rng)
+            killer = KillAt(point, proc, proxy, manager, reference_run.epoch_cpu_s, rng)
             code = proc.wait(180)
             output = proc.output()
             assert killer.fired.is_set(), (

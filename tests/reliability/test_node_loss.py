@@ -31,7 +31,8 @@ def test_elastic_run_survives_the_loss_of_a_node(rel_server, rel_env, rel_store,
 
     rel_store.ensure_bucket()
     data = rel_store.root_uri("prepared", "node-loss", "dataset.safetensors")
-    rel_store.put_file(save_prepared(make_tiny_dataset(n_train=512), tmp_path / "d.safetensors"), data)
+    local_data = save_prepared(make_tiny_dataset(n_train=512), tmp_path / "d.safetensors")
+    rel_store.put_file(local_data, data)
     checkpoints = rel_store.root_uri("checkpoints", "node-loss")
     record = {
         "survived": False,
@@ -82,6 +83,7 @@ def test_elastic_run_survives_the_loss_of_a_node(rel_server, rel_env, rel_store,
     ]
     assert resumed, f"the survivor did not resume from a checkpoint:\n{output[-4000:]}"
     record["resumed_step"] = resumed[-1]
+    killed_at = record["pointer_step_at_kill"]
     assert resumed[-1] >= record["pointer_step_at_kill"], (
         "resumed from an older checkpoint than the newest one"
     )
@@ -90,5 +92,38 @@ def test_elastic_run_survives_the_loss_of_a_node(rel_server, rel_env, rel_store,
     metrics = json.loads((tmp_path / "host" / "metrics.json").read_text())
     assert history[-1]["world_size"] == 1 and metrics["world_size"] == 1
     assert metrics["steps"] == EPOCHS * 16 and metrics["val_acc"] >= 0.75  # 4 classes: chance is 0.25
+    _assert_follows_the_one_process_run(history, tmp_path / "host", local_data, tmp_path / "one", killed_at)
     record["survived"] = True
     assert not scan_for_secret(rel_creds, "elastic training logs", sorted(tmp_path.glob("*.log")))
+
+
+def _assert_follows_the_one_process_run(history, survivor_dir, data, reference_dir, killed_at: int) -> None:
+    """The README's claim: after the loss, the same global batch, data order and schedule.
+
+    The reference is one process training the same command's config from scratch. The same schedule:
+    the same steps and learning rate in every epoch. The same global batch and data order: the same
+    evaluation losses after every epoch, before and after the loss, and the same final weights, within
+    the float reduction order of two processes against one (``test_distributed``'s invariance test).
+    The killed epoch's training loss is left out: its running sums before the checkpoint are rank 0's.
+    """
+    import torch
+    from safetensors.torch import load_file
+
+    from cifar10_kfp.train.config import make_config
+    from cifar10_kfp.train.engine import train
+
+    config = make_config(
+        "seed", {"epochs": EPOCHS, "batch_size": 32, "lr": 0.05, "threads": 1, "device": "cpu"}
+    )
+    one = train(config, data, reference_dir)
+    assert [(r["epoch"], r["step"], r["lr"]) for r in history] == [
+        (r["epoch"], r["step"], r["lr"]) for r in one.history
+    ], "the schedule after the loss is not the one-process run's"
+    killed_epoch = killed_at // 16 + 1
+    for got, want in zip(history, one.history):
+        assert got["val_loss"] == pytest.approx(want["val_loss"], rel=1e-4), f"epoch {got['epoch']}"
+        if got["epoch"] != killed_epoch:
+            assert got["train_loss"] == pytest.approx(want["train_loss"], rel=1e-4), f"epoch {got['epoch']}"
+    survivor = load_file(str(survivor_dir / "model" / "model.safetensors"))
+    for name, tensor in load_file(str(one.model_dir / "model.safetensors")).items():
+        assert torch.allclose(tensor, survivor[name], rtol=1e-3, atol=1e-5), name

@@ -91,6 +91,7 @@ INVALID = {
     "max_train_samples": int_outside(0, 10_000_000),
     "max_test_samples": int_outside(0, 10_000_000),
     "image_size": int_outside(8, 512),
+    "skip_bad_images": int_outside(0, 1),
     "preset": st.one_of(
         st.text(max_size=12).filter(lambda s: s not in ("seed", "fast", "cpu")), not_a_string
     ),
@@ -154,6 +155,7 @@ VALID = {
     "max_train_samples": st.integers(0, 10_000_000),
     "max_test_samples": st.integers(0, 10_000_000),
     "image_size": st.integers(8, 512),
+    "skip_bad_images": st.integers(0, 1),
     "preset": st.sampled_from(["seed", "fast", "cpu"]),
     "architecture": st.sampled_from(["", "simple_cnn", "fast_resnet"]),
     "epochs": st.integers(0, 10_000),

@@ -110,6 +110,7 @@ class Reference:
 
     result: RunResult
     epoch_s: float  # median wall time between consecutive checkpoint pointers
+    epoch_cpu_s: float  # median process CPU seconds per epoch (training, evaluation, checkpoint)
     checkpoint_bytes: int
     output: str
     checkpoint_uri: str  # its checkpoints (the last ``keep_checkpoints``), e.g. to tamper with copies
@@ -130,4 +131,7 @@ def run_reference(
     assert len(times) == EPOCHS, f"expected {EPOCHS} checkpoint pointers, saw {len(times)}"
     epoch_s = statistics.median(b - a for a, b in zip(times, times[1:]))
     size = max(e.length for e in proxy.requests("PUT", r"ckpt-epoch\d+\.pt$"))
-    return Reference(RunResult.load(output_dir), epoch_s, size, proc.output(), checkpoint_uri)
+    result = RunResult.load(output_dir)
+    cpu = [row["cpu_s"] for row in result.history]  # cumulative: the run's CPU time at each epoch's end
+    epoch_cpu_s = statistics.median(b - a for a, b in zip(cpu, cpu[1:]))
+    return Reference(result, epoch_s, epoch_cpu_s, size, proc.output(), checkpoint_uri)

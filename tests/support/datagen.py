@@ -608,3 +608,23 @@ MALICIOUS_BUILDERS: dict[str, Callable[[Path], tuple[Path, str]]] = {
     "truncated-zip": make_truncated_zip,
 }
 BOMB_TEST_CAP = 4 * 1024 * 1024  # CIFAR10_KFP_MAX_EXTRACT_BYTES to use with the "bomb" cases
+# case name -> what the ArchiveError that refuses it must say, besides the member name.
+REJECTION_REASONS = {
+    "path-traversal": "'..' path segment",
+    "path-traversal-zip": "'..' path segment",
+    "absolute-path": "absolute path",
+    "absolute-path-zip": "absolute path",
+    "symlink-escape": "points outside the archive",
+    "symlink-escape-zip": "points outside the archive",
+    "hard-link": "hard link",
+    "char-device": "device, fifo",
+    "block-device": "device, fifo",
+    "fifo": "device, fifo",
+    "bomb": "past the cap",
+    "bomb-zip": "past the cap",
+    "corrupt-gzip": "corrupt or truncated",
+    "truncated-gzip": "corrupt or truncated",
+    "bad-crc-gzip": "CRC",
+    "corrupt-zip": "corrupt or truncated zip member",
+    "truncated-zip": "corrupt or truncated zip",
+}

@@ -230,7 +230,12 @@ def test_empty_class_folder_is_named(tmp_path, no_store, split):
             ImageDecodeError,
             "cut.jpg",
         ),
-        ("data/train/cat/readme.txt", b"hello", ArchiveError, "'data/train/cat/readme.txt' is not a .jpg"),
+        (
+            "data/train/cat/readme.txt",
+            b"hello",
+            ArchiveError,
+            "'data/train/cat/readme.txt' is not an image: Pillow reads no '.txt' files",
+        ),
         (
             "data/train/stray.png",
             solid_image((1, 1, 1)),
@@ -268,7 +273,7 @@ def test_parallel_decoding_matches_serial():
 @pytest.mark.parametrize(
     "field, value, allowed",
     [
-        ("val_fraction", 1.0, "in \\[0, 1\\)"),
+        ("val_fraction", 0.6, "in \\[0, 0.5\\]"),  # the pipeline's rule (params.py), one constant
         ("max_train_samples", -1, ">= 0"),
         ("image_size", 4, "in \\[8,"),
     ],
@@ -319,3 +324,25 @@ def test_decode_workers_setting(monkeypatch):
         default_workers()
     monkeypatch.delenv("CIFAR10_KFP_DECODE_WORKERS")
     assert 1 <= default_workers() <= min(16, len(__import__("os").sched_getaffinity(0)))
+
+
+def test_skipping_keeps_the_rest_in_order_and_refuses_a_class_left_empty(tmp_path, no_store):
+    from cifar10_kfp.data.images import decode_images_skipping
+
+    rng = np.random.default_rng(0)
+    blobs = [encode_image(rng.integers(0, 256, (10, 10, 3), dtype=np.uint8)) for _ in range(300)]
+    names = [f"img{i}.png" for i in range(len(blobs))]
+    expected = decode_images(names, blobs, 8, workers=1)
+    for i in (3, 250):
+        blobs[i] = b"garbage"
+    for workers in (1, 2):  # in this process, and across worker chunks
+        images, kept, skipped = decode_images_skipping(names, blobs, 8, workers=workers, min_parallel=100)
+        assert kept == [i for i in range(300) if i not in (3, 250)]
+        np.testing.assert_array_equal(images, expected[kept])
+        assert [name for name, _ in skipped] == ["img3.png", "img250.png"]
+        assert "BytesIO" not in skipped[0][1] and skipped[0][1].startswith("cannot decode image img3.png: ")
+    files = small_image_folder(per_class=2)
+    files["data/train/cat/000.png"] = files["data/train/cat/001.png"] = b"garbage"
+    path = make_image_folder_archive(tmp_path / "x.tar.gz", files)
+    with pytest.raises(ValueError, match=r"no decodable train image left in class folder\(s\) \['cat'\]"):
+        prepare_dataset(path, val_fraction=0.0, skip_bad_images=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -32,13 +34,25 @@ def test_real_subset_end_to_end(real_archive, store_env, tmp_path):
     assert info2.cache_hit and np.array_equal(again.train_images, ds.train_images)
 
 
-def test_real_subset_helper_is_stratified_and_cached(real_archive, tmp_path):
+def test_real_subset_helper_is_stratified_and_cached(real_archive, tmp_path, monkeypatch):
     import tarfile
 
-    # Same arguments as above: built once per process, then copied.
+    opened = []  # every tarfile.open of the real archive: a cache hit reads it no more
+    real_open = tarfile.open
+    monkeypatch.setattr(
+        tarfile, "open", lambda name=None, *a, **k: opened.append(name) or real_open(name, *a, **k)
+    )
+
+    def reads_of_the_real_archive():
+        return sum(1 for name in opened if name is not None and Path(name) == real_archive)
+
+    # Same arguments as above: built once per process (here, or by the test above), then copied.
     a = make_real_subset_archive(real_archive, tmp_path / "a.tar.gz", 30, 10, seed=0)
+    reads_after_first = reads_of_the_real_archive()
+    assert reads_after_first <= 1
     b = make_real_subset_archive(real_archive, tmp_path / "b.tar.gz", 30, 10, seed=0)
-    assert a.read_bytes() == b.read_bytes()
+    assert reads_of_the_real_archive() == reads_after_first, "the second call read the real archive again"
+    assert a.read_bytes() == b.read_bytes() and a != b
     with tarfile.open(a) as tar:
         names = tar.getnames()
     assert len(names) == len(set(names)) == 400

@@ -16,8 +16,8 @@ from cifar10_kfp.evaluate.evaluation import (
     evaluate_model,
     per_class_metrics,
     predict_logits,
-    write_outputs,
 )
+from cifar10_kfp.evaluate.report import write_outputs
 from tests.support.models import FLIPPED_IDS, LABELS, LOGITS, lookup_case
 
 

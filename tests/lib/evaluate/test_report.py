@@ -130,7 +130,7 @@ def _screenshot_is_not_blank(png: bytes) -> None:
 
 @pytest.mark.skipif(CHROMIUM is None, reason=SKIP_REASON)
 def test_generated_report_in_a_real_browser(trained_model_dir, tiny_dataset_path, tmp_path):
-    from cifar10_kfp.evaluate.evaluation import evaluate_model, write_outputs
+    from cifar10_kfp.evaluate import evaluate_model, write_outputs
 
     evaluated = evaluate_model(trained_model_dir, tiny_dataset_path, device="cpu")  # history.json next to it
     assert evaluated.attribution is not None

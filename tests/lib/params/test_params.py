@@ -48,8 +48,17 @@ def test_defaults_are_valid_and_complete():
         ("dataset_uri", "", "dataset_uri='' is out of range: must not be empty"),
         ("dataset_checksum", "abc", "dataset_checksum='abc' is out of range: use '' (no check), sha256:"),
         ("dataset_checksum", "md5:" + "a" * 31, "dataset_checksum='md5:aaaa"),
-        ("extra_hparams", "[1]", "extra_hparams='[1]' is out of range: must be a JSON object"),
-        ("extra_hparams", "{bad", "extra_hparams='{bad' is out of range: must be a JSON object"),
+        (
+            "extra_hparams",
+            "[1]",
+            "extra_hparams='[1]' is not a JSON object: it must be one of training-config",
+        ),
+        (
+            "extra_hparams",
+            "{bad",
+            "extra_hparams='{bad' is not valid JSON (Expecting property name enclosed in "
+            "double quotes: line 1 column 2 (char 1)): it must be a JSON object",
+        ),
         ("bucket", "Bad_Bucket", "bucket='Bad_Bucket' is out of range"),
         ("storage_prefix", "../up", "storage_prefix='../up' is out of range"),
         ("checkpoint_uri", "gs://b/k", "checkpoint_uri='gs://b/k' is out of range"),

@@ -215,12 +215,48 @@ def test_server_is_stopped_when_the_caller_fails(tmp_path):
     assert not _pid_alive(pid)
 
 
+# /proc/net/tcp{,6} write an address as the hex of each 32-bit word in host (little-endian) byte order.
+V6_LOOPBACK = "00000000000000000000000001000000"  # ::1
+V4_MAPPED = "0000000000000000FFFF0000"  # ::ffff:a.b.c.d, followed by the IPv4 word
+
+
+def _is_loopback(table: str, address: str) -> bool:
+    if table == "tcp":
+        return address[6:8] == "7F"  # 127.0.0.0/8
+    return address == V6_LOOPBACK or (address.startswith(V4_MAPPED) and address[-2:] == "7F")
+
+
+def _listening_sockets() -> list[tuple[str, str, int, str]]:
+    """(table, address, port, inode) of every listening TCP socket, IPv4 and IPv6 (dual-stack binds)."""
+    found = []
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            address, port = fields[1].split(":")
+            if fields[3] == "0A":  # LISTEN
+                found.append((table, address, int(port, 16), fields[9]))
+    return found
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        target = os.readlink(fd) if fd.is_symlink() else ""
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    return inodes
+
+
 def test_server_binds_loopback_only(embedded_store):
-    listening = Path("/proc/net/tcp").read_text().splitlines()[1:]
-    ours = {f"{port:04X}" for port in embedded_store.ports.values()}
-    for line in listening:
-        local, state = line.split()[1], line.split()[3]
-        if state == "0A" and local.split(":")[1] in ours:  # 0A = LISTEN
-            assert local.split(":")[0] == "0100007F", (
-                f"port {int(local.split(':')[1], 16)} is not on 127.0.0.1"
-            )
+    """Every port the server process listens on, its configured ones and any other, is on loopback.
+
+    A bind to 0.0.0.0 shows in the IPv4 table as 00000000; one to :: (dual-stack, so reachable over
+    IPv4 too) only in the IPv6 table: both tables are read.
+    """
+    ours = _socket_inodes(embedded_store.pid)
+    listening = [s for s in _listening_sockets() if s[3] in ours]
+    by_port = {port: (table, address) for table, address, port, _ in listening}
+    assert embedded_store.ports["s3"] in by_port, f"the S3 port is not listening: {by_port}"
+    assert set(embedded_store.ports.values()) <= set(by_port), f"ports {embedded_store.ports} vs {by_port}"
+    exposed = [(t, a, p) for t, a, p, _ in listening if not _is_loopback(t, a)]
+    assert not exposed, f"the store listens beyond loopback (table, hex address, port): {exposed}"

@@ -79,17 +79,33 @@ def test_the_launcher_timeout_deletes_the_job_and_fails_naming_the_reason(tmp_pa
 
 
 def test_sigterm_deletes_the_job_and_fails_the_step(tmp_path):
-    """A cancelled KFP run: Argo sends SIGTERM to the step's processes; the TrainJob must not keep its GPUs."""
+    """A cancelled KFP run: Argo sends SIGTERM to the step's processes; the TrainJob must not keep its GPUs.
+
+    The signal goes to this (pytest's) process, so it is sent only once the launcher's handler is
+    installed and the job was created: never on a clock, which on a loaded machine could fire
+    before the handler and kill the whole session. If that moment never comes, no signal is sent and
+    the launcher's own timeout fails the test.
+    """
     assert threading.current_thread() is threading.main_thread()
     before = signal.getsignal(signal.SIGTERM)
     with K8sFakeServer(script=[(0.1, {"jobsStatus": [{"name": "node", "active": 2}]})]) as k8s:
-        timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
-        timer.start()
+        done = threading.Event()
+
+        def cancel_once_the_job_is_watched():
+            while not done.wait(0.02):
+                handled = signal.getsignal(signal.SIGTERM) not in (before, signal.SIG_DFL)
+                if handled and k8s.requests_to("POST", TRAINJOBS.format(ns=NS)):
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    return
+
+        canceller = threading.Thread(target=cancel_once_the_job_is_watched, daemon=True)
+        canceller.start()
         try:
             with pytest.raises(TrainJobFailed, match=r"cancelled \(SIGTERM\): deleted TrainJob"):
                 run_trainjob(request(), tmp_path, api_client=load_kubernetes(k8s.url), timeout_s=60)
         finally:
-            timer.cancel()
+            done.set()
+            canceller.join()
         assert len(k8s.requests_to("POST", TRAINJOBS.format(ns=NS))) == 1
         assert len(k8s.requests_to("DELETE", TRAINJOBS.format(ns=NS))) == 1 and not k8s.trainjobs
     assert signal.getsignal(signal.SIGTERM) is before  # the handler lives only while the job does

@@ -1,0 +1,95 @@
+"""Session fixtures of the real control-plane suite (`make test-cluster`) and its closing table.
+
+`control_plane`: one real control plane for the session (tests/support/cluster/controlplane.py).
+`trainer_stack`: the real JobSet + Trainer managers installed on it, parametrised over the two
+pinned pairs ("2.2", "2.3"); pytest runs every test of one stack before installing the next, and
+the stack's CRDs, webhooks and runtime are removed in between. CIFAR10_KFP_CLUSTER_STACKS=2.3
+limits a run to one stack. The table printed at the end names each component with its version
+and each scenario with its result; CLUSTER_TABLE_JSON=path also writes it as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.support.cluster import gobuild, versions
+from tests.support.cluster.controlplane import ControlPlane
+from tests.support.cluster.kubeflow import install_trainer
+
+_STACKS = [
+    s for s in os.environ.get("CIFAR10_KFP_CLUSTER_STACKS", ",".join(versions.TRAINER_STACKS)).split(",") if s
+]
+_RESULTS: list[tuple[str, str, float]] = []
+_TIMINGS: dict[str, float] = {}
+
+
+@pytest.fixture(scope="session")
+def control_plane():
+    with ControlPlane() as cp:
+        _TIMINGS["control plane start"] = cp.started_in_s
+        yield cp
+
+
+@pytest.fixture(scope="session", params=_STACKS)
+def trainer_stack(request, control_plane):
+    stack = install_trainer(control_plane, request.param)
+    _TIMINGS[f"trainer stack {request.param} start"] = stack.started_in_s
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+@pytest.fixture
+def cluster_namespace(control_plane):
+    """A fresh namespace whose default service account exists; deleted afterwards."""
+    name = control_plane.create_namespace(f"t-{uuid.uuid4().hex[:8]}")
+    yield name
+    control_plane.kubectl("delete", "namespace", name, "--wait=false")
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        outcome = report.outcome if report.when == "call" else f"{report.outcome} in setup"
+        _RESULTS.append((report.nodeid.split("::", 1)[-1], outcome, report.duration))
+
+
+def _table_lines() -> list[str]:
+    # build.json keeps how long the build that made the cached binary took: the cold first build,
+    # or a relink when the Go build cache was already warm.
+    lines = [f"{'component':30} {'version':10} built in", f"{'-' * 30} {'-' * 10} --------"]
+    for name, version in versions.components():
+        seconds = gobuild.build_seconds(name, version)
+        lines.append(f"{name:30} {version:10} {'not built' if seconds is None else f'{seconds:.0f} s'}")
+    lines.append("")
+    for what, seconds in _TIMINGS.items():
+        lines.append(f"{what:41} {seconds:.0f} s")
+    width = max(len(name) for name, _, _ in _RESULTS)
+    lines += ["", f"{'scenario':{width}} result", f"{'-' * width} ------"]
+    lines += [f"{name:{width}} {outcome} ({duration:.1f} s)" for name, outcome, duration in _RESULTS]
+    return lines
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not _RESULTS:
+        return
+    terminalreporter.section("real control plane: components and scenarios")
+    for line in _table_lines():
+        terminalreporter.write_line(line)
+    target = os.environ.get("CLUSTER_TABLE_JSON")
+    if target:
+        rows = {
+            "components": [
+                {"name": n, "version": v, "first_build_s": gobuild.build_seconds(n, v)}
+                for n, v in versions.components()
+            ],
+            "timings_s": _TIMINGS,
+            "scenarios": [{"name": n, "result": o, "seconds": round(d, 2)} for n, o, d in _RESULTS],
+        }
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
+        Path(target).write_text(json.dumps(rows, indent=2))

@@ -1,0 +1,25 @@
+"""A real Kubeflow Model Registry server (built from its Go module) on a real MariaDB, for this folder.
+
+`make test-registry` runs these tests; `make test` leaves them out (they need Debian's mariadb-server,
+which .ci/run installs). A missing MariaDB or Go is an error that says what to install, never a skip.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.model_registry import ModelRegistryServer
+
+
+@pytest.fixture(scope="session")
+def registry_server():
+    """One registry + database for the session; tests use distinct model names."""
+    with ModelRegistryServer() as server:
+        yield server
+
+
+@pytest.fixture
+def own_registry_server():
+    """A registry of this test's own, for tests that take it down."""
+    with ModelRegistryServer() as server:
+        yield server

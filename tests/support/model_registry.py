@@ -1,0 +1,257 @@
+"""A real Kubeflow Model Registry server with its own MariaDB, on 127.0.0.1, for tests and ``make model-registry``.
+
+The server is the Go program from the ``github.com/kubeflow/model-registry`` module, built once
+and cached outside the repository (``tests/support/cluster/gobuild.py``, pinned in ``versions.py``). It runs in its
+``embedmd`` mode, as Kubeflow's manifests deploy it, against a MariaDB from Debian's
+``mariadb-server`` package: a throwaway instance in a temporary data directory on a free port,
+run as the unprivileged ``mysql`` user when we are root. No password anywhere: the database
+listens on loopback only and lives as long as the harness.
+
+Each process gets its own session (process group) and is told to die with its parent, so a
+crashed test leaves no server behind. ``stop_server()``/``start_server()`` take the registry
+down and bring it back on the same port and database (the outage tests).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from cifar10_kfp.storage.embedded import free_ports
+from tests.support.cluster.gobuild import ensure_binary
+
+# The REST API the pinned server serves; the pinned client ``model-registry==0.3.0`` calls it (clients up to
+# 0.3.8 do; 0.3.12 calls /api/model_registry/v1, which this server answers with 404).
+API_PREFIX = "/api/model_registry/v1alpha3"
+
+_PR_SET_PDEATHSIG = 1
+DATABASE = "model_registry"
+DB_USER = "model_registry"
+_SEARCH = ("/usr/sbin", "/usr/bin", "/usr/local/sbin", "/usr/local/bin")
+
+
+class RegistryHarnessError(RuntimeError):
+    """The database or the registry server could not be started."""
+
+
+def _find(*names: str) -> str:
+    for name in names:
+        found = shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), *_SEARCH]))
+        if found:
+            return found
+    raise RegistryHarnessError(
+        f"{' / '.join(names)} not found: install Debian's MariaDB server "
+        "(apt-get install -y --no-install-recommends mariadb-server); .ci/run does this in CI"
+    )
+
+
+def _preexec() -> None:  # runs in the child between fork and exec
+    os.setsid()
+    if threading.current_thread() is threading.main_thread():
+        # PR_SET_PDEATHSIG fires when the forking *thread* exits: only safe from the main thread.
+        with contextlib.suppress(Exception):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _stop_group(proc: subprocess.Popen | None, grace_s: float) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+class ModelRegistryServer:
+    """MariaDB + the Model Registry REST server. Use as a context manager, or ``start()``/``close()``."""
+
+    def __init__(self, *, start_timeout_s: float = 90.0, binary: str | None = None):
+        self.start_timeout_s = start_timeout_s
+        self._binary = binary
+        self.work_dir = Path(tempfile.mkdtemp(prefix="cifar10-kfp-mr-"))
+        self.db_port, self.port = free_ports(2)
+        self._db: subprocess.Popen | None = None
+        self._server: subprocess.Popen | None = None
+        self._logs: list = []
+
+    # -- public -----------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def server_log(self) -> Path:
+        return self.work_dir / "model-registry.log"
+
+    @property
+    def db_log(self) -> Path:
+        return self.work_dir / "mariadb.err"
+
+    @property
+    def server_running(self) -> bool:
+        return self._server is not None and self._server.poll() is None
+
+    def start(self) -> ModelRegistryServer:
+        binary = self._binary or str(ensure_binary("model-registry"))
+        try:
+            self._start_database()
+            self._binary = binary
+            self.start_server()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def start_server(self) -> None:
+        """Start (or restart) the registry server on the same port and database."""
+        if self.server_running:
+            return
+        log = open(self.server_log, "ab")  # noqa: SIM115 - closed in close()
+        self._logs.append(log)
+        dsn = f"{DB_USER}@tcp(127.0.0.1:{self.db_port})/{DATABASE}?charset=utf8mb4"
+        self._server = subprocess.Popen(
+            [self._binary, "proxy", "--hostname=127.0.0.1", f"--port={self.port}",
+             "--datastore-type=embedmd", "--embedmd-database-type=mysql", f"--embedmd-database-dsn={dsn}",
+             "--logtostderr=true"],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            preexec_fn=_preexec, cwd=self.work_dir,
+        )  # fmt: skip
+        self._wait_server()
+
+    def stop_server(self) -> None:
+        """Take the registry server down (the database stays): clients then get connection refused."""
+        proc, self._server = self._server, None
+        _stop_group(proc, grace_s=5.0)
+
+    def close(self) -> None:
+        """Stop the server and the database and remove their files; idempotent."""
+        self.stop_server()
+        db, self._db = self._db, None
+        _stop_group(db, grace_s=20.0)  # mariadbd shuts down cleanly on SIGTERM in about a second
+        for log in self._logs:
+            log.close()
+        self._logs.clear()
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def __enter__(self) -> ModelRegistryServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- internals --------------------------------------------------------------------
+
+    def _as_mysql_user(self) -> list[str]:
+        """mariadbd refuses to run as root unless told which user to become: the packaged ``mysql``."""
+        if os.geteuid() != 0:
+            return []
+        try:
+            pwd.getpwnam("mysql")
+        except KeyError as exc:
+            raise RegistryHarnessError(
+                "running as root but there is no 'mysql' user to run MariaDB as"
+            ) from exc
+        return ["--user=mysql"]
+
+    def _start_database(self) -> None:
+        datadir = self.work_dir / "db"
+        as_user = self._as_mysql_user()
+        if as_user:
+            shutil.chown(self.work_dir, user="mysql")
+        install = [_find("mariadb-install-db", "mysql_install_db"), "--no-defaults", f"--datadir={datadir}",
+                   "--auth-root-authentication-method=socket", "--skip-test-db", *as_user]  # fmt: skip
+        done = subprocess.run(install, capture_output=True, text=True, timeout=120, cwd=self.work_dir)
+        if done.returncode != 0:
+            raise RegistryHarnessError(
+                f"mariadb-install-db failed ({done.returncode}): {done.stderr[-2000:]}"
+            )
+        socket_path = self.work_dir / "mysqld.sock"
+        self._db = subprocess.Popen(
+            [_find("mariadbd", "mysqld"), "--no-defaults", f"--datadir={datadir}", *as_user,
+             "--bind-address=127.0.0.1", f"--port={self.db_port}", f"--socket={socket_path}",
+             f"--pid-file={self.work_dir / 'mysqld.pid'}", f"--log-error={self.db_log}",
+             "--skip-name-resolve", "--innodb-buffer-pool-size=32M", "--skip-log-bin"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+            preexec_fn=_preexec, cwd=self.work_dir,
+        )  # fmt: skip
+        # root over the socket (socket auth) creates the registry's own passwordless loopback user.
+        sql = (
+            f"CREATE DATABASE {DATABASE} CHARACTER SET utf8mb4;"
+            f"CREATE USER '{DB_USER}'@'127.0.0.1';"
+            f"GRANT ALL PRIVILEGES ON {DATABASE}.* TO '{DB_USER}'@'127.0.0.1';"
+        )
+        client = [_find("mariadb", "mysql"), "--no-defaults", f"--socket={socket_path}", "-u", "root"]
+        self._wait(lambda: self._sql_ok(client, "SELECT 1"), self._db, "MariaDB", self.db_log)
+        done = subprocess.run([*client, "-e", sql], capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            raise RegistryHarnessError(f"creating the registry database failed: {done.stderr.strip()}")
+
+    @staticmethod
+    def _sql_ok(client: list[str], sql: str) -> bool:
+        return subprocess.run([*client, "-e", sql], capture_output=True, timeout=30).returncode == 0
+
+    def _healthy(self) -> bool:
+        # /readyz/health answers 200 only once the database is connected, migrated and the API is routed.
+        try:
+            with urllib.request.urlopen(f"{self.url}/readyz/health", timeout=2) as resp:  # noqa: S310 - loopback
+                if resp.status != 200:
+                    return False
+            with urllib.request.urlopen(f"{self.url}{API_PREFIX}/registered_models", timeout=2) as resp:  # noqa: S310
+                return resp.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def _wait_server(self) -> None:
+        self._wait(self._healthy, self._server, "the model registry server", self.server_log)
+
+    def _wait(self, ready, proc: subprocess.Popen, what: str, log: Path) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RegistryHarnessError(
+                    f"{what} exited with code {proc.returncode} during start; see {log}"
+                )
+            if ready():
+                return
+            time.sleep(0.2)
+        raise RegistryHarnessError(f"{what} was not ready within {self.start_timeout_s:g}s; see {log}")
+
+
+def serve_forever() -> int:
+    """``make model-registry``: run the registry and its database in the foreground until Ctrl-C."""
+    stop_requested: list[bool] = []
+    signal.signal(signal.SIGTERM, lambda *_: stop_requested.append(True))
+    with ModelRegistryServer() as server:
+        print("# Kubeflow Model Registry is up (its MariaDB too). In another shell, run:")
+        print(f"export MODEL_REGISTRY_URL={server.url}")
+        print(f"# files: {server.work_dir}   log: {server.server_log}   Ctrl-C stops both.", flush=True)
+        try:
+            while server.server_running and not stop_requested:
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+        if not server.server_running and not stop_requested:
+            print(f"the registry server exited; see {server.server_log}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(serve_forever())

@@ -20,7 +20,7 @@ The rules, fixed before anything is measured:
    statistic. Reported: per-seed values, median, IQR, P(r <= 0.4), and the seconds ratio from the
    live run. The goal: TPE + ASHA's median r against best - 1 SE <= 0.4.
 
-Sizes: ``full`` is the measurement; ``quick`` (about 2 minutes on an idle machine) checks the
+Sizes: ``full`` is the measurement; ``quick`` (a quarter of the training: 24 min here under load) checks the
 whole procedure, but with 1,000 training images an epoch is 3 steps, the first epochs' accuracies
 tie near chance and no pruner can rank them, so its r's say nothing about the methods.
 

@@ -37,9 +37,11 @@ def tune_hyperparameters(
         run_id: The KFP run id (``{{$.pipeline_job_uuid}}``): a retry of this task resumes the study.
         bucket: Object-store bucket; empty for the configured one.
         storage_prefix: Key prefix in the bucket; empty for the configured one.
-        metrics: best_value, trials_completed, trials_pruned, trials_failed and the compute the trials used.
-        report: HTML report: optimisation history, parameter importances, intermediate values, one row per trial.
-        trials: Every trial as JSON (state, value, values, epochs run, seconds).
+        metrics: best_value, trials_completed, trials_pruned, trials_failed, trials_repeated and the compute the
+            trials used (epochs, seconds, fixed seconds).
+        report: HTML report: the rungs (which trials stopped after which epoch), optimisation history, parameter
+            importances, intermediate values, one row per trial.
+        trials: Every trial as JSON (state, value, values, epochs run, seconds, fixed seconds, same_as).
 
     Returns:
         best_training: The train step's settings with the best trial's values.

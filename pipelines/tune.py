@@ -1,8 +1,9 @@
 """Pipeline ``cifar10-tune``: an Optuna study in one task, its best values trained, evaluated and gated.
 
-validate (the search space too) -> download -> preprocess -> tune (the study: trials one after
-another in one pod, pruned by the median or hyperband rule, its state in the object store after
-every trial) -> train with the best values for the full epochs -> evaluate -> record -> gate ->
+validate (the search space too, and that there is a validation split) -> download -> preprocess ->
+tune (the study: trials one after another in one pod, stopped early by successive halving (asha,
+the default), the median or hyperband rule, within an epoch budget, its state in the object store
+after every trial) -> train with the best values for the full epochs -> evaluate -> record -> gate ->
 publish, inside the same ``ExitHandler`` summary as ``cifar10-training``; the summary's metrics
 hold best_value, trials_completed, trials_pruned and the final test_accuracy.
 
@@ -21,7 +22,7 @@ from cifar10_kfp_pipelines.policy import ClusterPolicy
 
 PIPELINE_NAME = "cifar10-tune"
 SUMMARY = (
-    "Search hyperparameters with an Optuna study (TPE or random sampling, early pruning) in one task, "
+    "Search hyperparameters with an Optuna study (TPE, random or grid sampling, successive-halving pruning) in one task, "
     "train the best configuration, evaluate it, and publish it if it beats the gate."
 )
 

@@ -46,13 +46,25 @@ class Dimension:
 
     def suggest(self, trial: optuna.Trial) -> typing.Any:
         """The value of this field for an Optuna ``trial``."""
+        # keywords only: Optuna 5 refuses positional arguments to suggest_*
         if self.kind in ("float", "int"):
             # parse_dimension set both ends, as float or int by kind: the conversions change no value
             assert self.low is not None and self.high is not None
             if self.kind == "float":
-                return trial.suggest_float(self.name, float(self.low), float(self.high), log=self.log)
-            return trial.suggest_int(self.name, int(self.low), int(self.high), log=self.log)
-        return trial.suggest_categorical(self.name, list(self.choices))
+                return trial.suggest_float(
+                    name=self.name, low=float(self.low), high=float(self.high), log=self.log
+                )
+            return trial.suggest_int(name=self.name, low=int(self.low), high=int(self.high), log=self.log)
+        return trial.suggest_categorical(name=self.name, choices=list(self.choices))
+
+    def size(self) -> int | None:
+        """How many values this dimension has; None for a float range (uncountably many)."""
+        if self.kind == "categorical":
+            return len(self.choices)
+        if self.kind == "int":
+            assert self.low is not None and self.high is not None
+            return int(self.high) - int(self.low) + 1
+        return None
 
     def corners(self) -> list:
         """The values that bound this dimension: both ends of a range, or every choice."""
@@ -154,6 +166,17 @@ def parse_search_space(
                 except (ValueError, TypeError) as exc:
                     raise _refuse(dim.name, f"{value!r} is not a valid value: {exc}") from None
     return space
+
+
+def candidate_count(space: Mapping[str, Dimension]) -> int | None:
+    """How many configurations a discrete space holds (choices and int ranges); None if it has a float range."""
+    count = 1
+    for dim in space.values():
+        size = dim.size()
+        if size is None:
+            return None
+        count *= size
+    return count
 
 
 def space_json(space: Mapping[str, Dimension]) -> str:

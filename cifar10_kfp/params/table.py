@@ -162,6 +162,8 @@ DEFAULT_SEARCH_SPACE = (
     '{"label_smoothing": {"high": 0.3, "low": 0.0, "type": "float"}, '
     '"lr": {"high": 1.0, "log": true, "low": 0.05, "type": "float"}}'
 )
+SAMPLERS = ("tpe", "random", "grid")
+PRUNERS = ("asha", "median", "hyperband", "none")
 _TUNE_ONLY: tuple[Param, ...] = (
     _P("search_space", str, DEFAULT_SEARCH_SPACE,
        'JSON object: TrainConfig field -> {"type": "float"|"int", "low", "high", "log"} or {"type": '
@@ -170,9 +172,22 @@ _TUNE_ONLY: tuple[Param, ...] = (
        rule.int_range(1, MAX_TUNE_TRIALS)),
     _P("timeout_s", int, 0, "Stop starting trials after this many seconds, 0..604800; 0 for no limit.",
        rule.int_range(0, 604_800)),
-    _P("sampler", str, "tpe", "Optuna sampler: tpe (Bayesian) or random.", rule.one_of("tpe", "random")),
-    _P("pruner", str, "median",
-       "Stop unpromising trials early: median, hyperband or none.", rule.one_of("median", "hyperband", "none")),
+    _P("budget_epochs", int, 0,
+       "Stop starting trials once the trials have trained this many epochs in all, 0..10000000; 0 for no "
+       "limit. A discrete space's study also ends when every configuration has been tried.",
+       rule.int_range(0, 10_000_000)),
+    _P("sampler", str, "tpe",
+       "Optuna sampler: tpe (multivariate Bayesian), random, or grid (every configuration of a discrete "
+       "space once, in a seeded random order).", rule.one_of(*SAMPLERS)),
+    _P("pruner", str, "asha",
+       "Stop unpromising trials early: asha (successive halving), median, hyperband or none. A trial is "
+       "never stopped after its last epoch.", rule.one_of(*PRUNERS)),
+    _P("min_resource", int, 1,
+       "asha and hyperband: epochs every trial trains before it can be stopped (the first rung), 1..10000.",
+       rule.int_range(1, 10_000)),
+    _P("reduction_factor", int, 3,
+       "asha and hyperband: rungs lie at min_resource x reduction_factor^k epochs and 1 in reduction_factor "
+       "trials goes on from each, 2..10.", rule.int_range(2, 10)),
     _P("trial_epochs", int, 0,
        "Epochs each trial trains, 1..10000; 0 uses the training epochs. The final model trains the full epochs.",
        rule.int_range(0, 10_000)),

@@ -65,12 +65,35 @@ def validate_pipeline_params(params: Mapping[str, Any], pipeline: str = "trainin
     if pipeline == "sweep":
         values["hparam_sets"] = json.dumps(validate_trials(values), sort_keys=True)
     if pipeline == "tune":
-        values["search_space"] = _validate_search_space(values)
+        values["search_space"] = _validate_study(values)
     return values
 
 
 def _normalise_json_object(text: str) -> str:
     return json.dumps(json.loads(text), sort_keys=True) if text.strip() not in ("", "{}") else ""
+
+
+def _validate_study(values: Mapping[str, Any]) -> str:
+    """The tune pipeline's combinations; the normalised search space.
+
+    Trials are scored on the validation split: without one the study would pick its values on
+    the test split, the one that later gates publication, so ``val_fraction=0`` is refused.
+    """
+    from cifar10_kfp.params.space import candidate_count, parse_search_space
+
+    if values["val_fraction"] <= 0:
+        raise ValueError(
+            f"val_fraction={values['val_fraction']!r} leaves no validation split to score tuning trials on "
+            "(the test split gates publication and must not choose the values): use val_fraction > 0, e.g. 0.1"
+        )
+    text = _validate_search_space(values)
+    if values["sampler"] == "grid" and candidate_count(parse_search_space(text)) is None:
+        ranges = [name for name, spec in json.loads(text).items() if spec["type"] == "float"]
+        raise ValueError(
+            f"sampler='grid' needs a discrete search space, but search_space.{ranges[0]} is a float range: "
+            'give it {"type": "categorical", "choices": [...]}, or use sampler tpe or random'
+        )
+    return text
 
 
 def _validate_search_space(values: Mapping[str, Any]) -> str:

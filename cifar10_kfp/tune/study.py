@@ -2,10 +2,12 @@
 
 ``run_study(values, data, output_dir, study_uri=...)`` takes a tune pipeline's validated values
 (``cifar10_kfp.params.validation.validate_pipeline_params(..., "tune")``): the training settings every trial
-starts from, ``search_space``, ``n_trials``, ``timeout_s``, ``sampler``, ``pruner`` and
-``trial_epochs``. Each trial's ``TrainConfig`` is ``params.train_config(training, searched)``:
-the one pipeline -> config mapping, with the trial's values on top. A trial reports its
-validation accuracy after every epoch and the pruner may stop it there.
+starts from, ``search_space``, ``n_trials``, ``budget_epochs``, ``timeout_s``, ``sampler``,
+``pruner`` (with ``min_resource`` and ``reduction_factor``) and ``trial_epochs``. Each trial's
+``TrainConfig`` is ``params.train_config(training, searched)``: the one pipeline -> config
+mapping, with the trial's values on top. What a trial does and when the study stops (pruning,
+repeated configurations, the epoch budget, a finished discrete space) is ``tune.objective``,
+which the benchmark's replay (``tune.replay``) shares.
 
 Retries: the study lives in an Optuna ``JournalStorage`` (a JSON-lines file) that is uploaded to
 ``<study_uri>/study.journal`` after every trial (an object-store PUT replaces the object whole, and
@@ -26,19 +28,21 @@ import logging
 import os
 import queue
 import threading
-import time
 import uuid
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cifar10_kfp.params import table as params
-from cifar10_kfp.params.space import Dimension, parse_search_space
+from cifar10_kfp.params.space import parse_search_space
+from cifar10_kfp.tune.objective import device_trainer, make_objective, optimize, trial_config
 from cifar10_kfp.tune.report import TuneResult
 
 if TYPE_CHECKING:  # annotations only
     from cifar10_kfp.storage import ObjectStore
-    from cifar10_kfp.train import TrainConfig
+
+__all__ = ["run_study", "trial_config", "training_with", "create_study", "make_sampler", "make_pruner"]
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +66,6 @@ def training_with(training: Mapping[str, Any], searched: Mapping[str, Any]) -> d
             extra[name] = value
     out["extra_hparams"] = json.dumps(extra, sort_keys=True) if extra else ""
     return out
-
-
-def trial_config(values: Mapping[str, Any], searched: Mapping[str, Any]) -> TrainConfig:
-    """The ``TrainConfig`` of one trial: the pipeline's settings, the searched values, ``trial_epochs``."""
-    extra = {"progress": False}
-    if values["trial_epochs"]:
-        extra["epochs"] = values["trial_epochs"]
-    return params.train_config(params.training_settings(values), {**searched, **extra})
 
 
 def default_study_uri(checkpoint_uri: str, run_id: str, store: ObjectStore | None = None) -> str:
@@ -110,43 +106,73 @@ class StudyState:
             self.store.put_bytes(self.path.read_bytes(), self.uri)
 
 
-def _sampler(name: str, seed: int):
+def make_sampler(name: str, seed: int):
+    """The sampler ``name`` (``params.SAMPLERS``) seeded with ``seed``."""
     import optuna
 
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=5)
+    if name == "grid":  # every configuration once, in a seeded random order; it stops the study when done
+        with warnings.catch_warnings():  # Optuna marks it experimental
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.BruteForceSampler(seed=seed)
+    # multivariate: lr and label_smoothing interact; said outright, not left to Optuna's default
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=5, multivariate=True)
 
 
-def _pruner(name: str, epochs: int):
+def make_pruner(values: Mapping[str, Any], epochs: int):
+    """The pruner ``values["pruner"]`` (``params.PRUNERS``) for trials of ``epochs`` epochs."""
     import optuna
 
+    name = values["pruner"]
+    if name == "asha":  # rungs at min_resource * reduction_factor**k epochs; 1 in reduction_factor goes on
+        return optuna.pruners.SuccessiveHalvingPruner(
+            min_resource=values["min_resource"],
+            reduction_factor=values["reduction_factor"],
+            min_early_stopping_rate=0,
+        )
     if name == "median":  # compare from the first epoch on, once two trials have finished
         return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
     if name == "hyperband":
-        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=max(1, epochs))
+        return optuna.pruners.HyperbandPruner(
+            min_resource=values["min_resource"],
+            max_resource=max(1, epochs),
+            reduction_factor=values["reduction_factor"],
+        )
     return optuna.pruners.NopPruner()
 
 
 def _settings_key(values: Mapping[str, Any]) -> dict:
-    keys = (*params.TRAINING_KEYS, "search_space", "sampler", "pruner", "trial_epochs")
+    keys = (*params.TRAINING_KEYS, "search_space", "sampler", "pruner", "min_resource", "reduction_factor",
+            "trial_epochs")  # fmt: skip
     return {key: values[key] for key in keys}
+
+
+def create_study(values: Mapping[str, Any], storage, epochs: int, *, sampler_seed: int | None = None):
+    """The study with the pipeline's sampler and pruner in ``storage`` (created, or loaded when it exists).
+
+    The sampler's seed is the training ``seed`` unless ``sampler_seed`` says otherwise (a replay).
+    """
+    import optuna
+
+    seed = values["seed"] if sampler_seed is None else sampler_seed
+    return optuna.create_study(
+        study_name=STUDY_NAME, storage=storage, direction="maximize", load_if_exists=True,
+        sampler=make_sampler(values["sampler"], seed), pruner=make_pruner(values, epochs),
+    )  # fmt: skip
 
 
 def open_study(values: Mapping[str, Any], journal: Path, epochs: int):
     """Create or load the study in ``journal``; refuse one made with other settings."""
-    import optuna
     from optuna.storages.journal import JournalFileBackend, JournalStorage
 
-    storage = JournalStorage(JournalFileBackend(str(journal)))
-    study = optuna.create_study(
-        study_name=STUDY_NAME, storage=storage, direction="maximize", load_if_exists=True,
-        sampler=_sampler(values["sampler"], values["seed"]), pruner=_pruner(values["pruner"], epochs),
-    )  # fmt: skip
+    study = create_study(
+        values, JournalStorage(log_storage=JournalFileBackend(file_path=str(journal))), epochs
+    )
     settings = _settings_key(values)
     saved = study.user_attrs.get(_SETTINGS_ATTR)
     if saved is None:
-        study.set_user_attr(_SETTINGS_ATTR, settings)
+        study.set_user_attr(key=_SETTINGS_ATTR, value=settings)
     elif saved != settings:
         differ = next(key for key in settings if saved.get(key) != settings[key])
         raise ValueError(
@@ -162,8 +188,8 @@ def requeue_interrupted(study) -> int:
 
     interrupted = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     for trial in interrupted:
-        study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-        study.enqueue_trial(trial.params, user_attrs={"rerun_of": trial.number})
+        study._storage.set_trial_state_values(trial_id=trial._trial_id, state=TrialState.FAIL)
+        study.enqueue_trial(params=trial.params, user_attrs={"rerun_of": trial.number})
     return len(interrupted)
 
 
@@ -179,45 +205,6 @@ def trial_devices(device, concurrent: int | None = None) -> list:
         count = gpus if concurrent is None else min(concurrent, gpus)
         return [torch.device("cuda", index) for index in range(max(1, count))]
     return [device] * max(1, concurrent or 1)
-
-
-def make_objective(values: Mapping[str, Any], space: Mapping[str, Dimension], slots: queue.Queue, attempt: str,
-                   on_start=lambda: None):  # fmt: skip
-    """The function Optuna calls per trial: train, report each epoch's val accuracy, return the last.
-
-    ``slots`` holds one ``(StudyData, Runtime)`` per device; a trial takes one for its length, so
-    concurrent trials never share a device. ``on_start()`` runs once the trial's values are drawn
-    (the study saves itself, so that a retry knows which trial was in flight and re-runs it with
-    the same values).
-    """
-    import optuna
-
-    from cifar10_kfp.tune.trial import train_trial
-
-    def objective(trial) -> float:
-        searched = {name: dim.suggest(trial) for name, dim in space.items()}
-        config = trial_config(values, searched)
-        trial.set_user_attr("attempt", attempt)
-        on_start()
-        start = time.perf_counter()
-
-        def report(row: dict) -> None:
-            trial.set_user_attr("epochs_run", row["epoch"])
-            trial.set_user_attr("train_s", round(time.perf_counter() - start, 3))
-            trial.report(row["val_acc"], row["epoch"])
-            if trial.should_prune():
-                raise optuna.TrialPruned(f"val_acc {row['val_acc']:.4f} after epoch {row['epoch']}")
-
-        data, runtime = slots.get()
-        try:
-            trial.set_user_attr("device", str(runtime.device))
-            history = train_trial(config, data, runtime, report)
-        finally:
-            slots.put((data, runtime))
-        log.info("trial %d: val_acc %.4f %s", trial.number, history[-1]["val_acc"], json.dumps(searched))
-        return float(history[-1]["val_acc"])
-
-    return objective
 
 
 def _device_slots(data: str, device, concurrent: int | None) -> queue.Queue:
@@ -250,23 +237,25 @@ def run_study(values: Mapping[str, Any], data: str, output_dir: str | os.PathLik
     output_dir.mkdir(parents=True, exist_ok=True)
     space = parse_search_space(values["search_space"])
     base = trial_config(values, {})
+    # the data first: a dataset without a validation split is refused before the study exists
+    slots = _device_slots(data, resolve_device(base.device), concurrent)
     state = StudyState(study_uri, output_dir, store)
     resumed = state.download()
     study = open_study(values, state.path, base.epochs)
     requeued = requeue_interrupted(study)
-    done = _finished(study)
     if resumed:
-        log.info("resuming study %s: %d finished trial(s) kept, %d re-queued", state.uri, done, requeued)
+        log.info(
+            "resuming study %s: %d finished trial(s) kept, %d re-queued",
+            state.uri,
+            _finished(study),
+            requeued,
+        )
     state.upload()
-    slots = _device_slots(data, resolve_device(base.device), concurrent)
-    objective = make_objective(values, space, slots, uuid.uuid4().hex[:12], on_start=state.upload)
-    remaining = values["n_trials"] - done
-    if remaining > 0:
-        log.info("study: %d trial(s) to run, %d at a time", remaining, slots.qsize())
-        study.optimize(
-            objective, n_trials=remaining, timeout=values["timeout_s"] or None, n_jobs=slots.qsize(),
-            callbacks=[lambda _study, _trial: state.upload()], gc_after_trial=True,
-        )  # fmt: skip
+    objective = make_objective(
+        values, space, device_trainer(slots), uuid.uuid4().hex[:12], on_start=state.upload
+    )
+    optimize(study, objective, values, space, n_jobs=slots.qsize(), gc_after_trial=True,
+             callbacks=[lambda _study, _trial: state.upload()])  # fmt: skip
     return write_outputs(study, values, output_dir, training_with)
 
 

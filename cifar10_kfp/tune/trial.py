@@ -42,16 +42,19 @@ class StudyData:
 
     @classmethod
     def on_device(cls, dataset, data: str, device) -> StudyData:
-        """``dataset`` (read from ``data``) with its training and scoring splits copied to ``device``."""
-        eval_split = "val" if len(dataset.val_labels) else "test"
-        train = DeviceData.from_numpy(dataset.train_images, dataset.train_labels, device)
-        eval_images, eval_labels = dataset.split(eval_split)
-        evaluation = DeviceData.from_numpy(eval_images, eval_labels, device)
-        if len(evaluation) == 0:
+        """``dataset`` (read from ``data``) with its training and validation splits copied to ``device``.
+
+        Trials are scored on the validation split only; the test split, which gates publication,
+        is never read here, and a dataset without a validation split is refused.
+        """
+        if len(dataset.val_labels) == 0:
             raise ValueError(
-                f"the {eval_split!r} split of {data} is empty: trials have nothing to be scored on"
+                f"{data} has no validation split (prepared with val_fraction=0): tuning scores trials on the "
+                "validation split, never on the test split; prepare it again with val_fraction > 0, e.g. 0.1"
             )
-        return cls(dataset, train, evaluation, eval_split)
+        train = DeviceData.from_numpy(dataset.train_images, dataset.train_labels, device)
+        evaluation = DeviceData.from_numpy(dataset.val_images, dataset.val_labels, device)
+        return cls(dataset, train, evaluation, "val")
 
     def run_data(self, config: TrainConfig, runtime: Runtime) -> RunData:
         """This trial's view of the device data: its augmentation layout, normaliser and batch."""
@@ -71,8 +74,17 @@ class StudyData:
 def train_trial(
     config: TrainConfig, data: StudyData, runtime: Runtime, on_epoch: Callable[[dict], None]
 ) -> list[dict]:
-    """Train ``config`` (its ``epochs``); ``on_epoch(row)`` after every epoch may raise to stop it. The history."""
+    """Train ``config`` (its ``epochs``); ``on_epoch(row)`` after every epoch may raise to stop it. The history.
+
+    Each row also has ``trial_s``, the seconds since the trial began: the first row's ``trial_s``
+    less its ``train_s`` is the trial's fixed cost (building the model, whitening, the first evaluation).
+    """
     start = time.perf_counter()
+
+    def timed(row: dict) -> None:
+        row["trial_s"] = round(time.perf_counter() - start, 4)
+        on_epoch(row)
+
     configure_determinism(config, runtime.device)
     seed_everything(config.seed)
     run = data.run_data(config, runtime)
@@ -80,5 +92,5 @@ def train_trial(
     identity = model_identity(config, run.dataset.num_classes, run.dataset.image_size)
     no_checkpoints = RunCheckpoints("", config, identity, run.batch_size, run.steps_per_epoch, runtime)
     wrap_for_training(state, config, runtime)
-    fit(state, run, config, runtime, no_checkpoints, RunClock(state.history, None, start), on_epoch=on_epoch)
+    fit(state, run, config, runtime, no_checkpoints, RunClock(state.history, None, start), on_epoch=timed)
     return state.history

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "tune hyperparameters with an Optuna study (TPE or random, median/hyperband pruning); resumable"
+HELP = (
+    "tune hyperparameters with an Optuna study (TPE, random or grid; asha, median or hyperband pruning; "
+    "an epoch budget); resumable"
+)
 # Pipeline parameters that are flags here: the study's own and the training settings trials start from.
-_STUDY = ("search_space", "n_trials", "timeout_s", "sampler", "pruner", "trial_epochs")
+_STUDY = ("search_space", "n_trials", "budget_epochs", "timeout_s", "sampler", "pruner", "min_resource",
+          "reduction_factor", "trial_epochs")  # fmt: skip
 
 
 def _flagged_params():
@@ -29,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     for param in _flagged_params():
         default = "cpu" if param.name == "preset" else None
+        # --val-fraction is not a flag: the dataset is already prepared; trials need its validation split
         parser.add_argument("--" + param.name.replace("_", "-"), type=param.kind, default=default,
                             help=param.description.replace("%", "%%"))  # fmt: skip
     parser.add_argument(

@@ -86,4 +86,5 @@ def test_parameters_and_the_validate_step(tune):
     assert {name: arg["componentInputParameter"] for name, arg in inputs.items()} == {
         p.name: f"pipelinechannel--{p.name}" for p in TUNE_PARAMS
     }
-    assert {"search_space", "n_trials", "timeout_s", "sampler", "pruner", "trial_epochs"} <= set(inputs)
+    assert {"search_space", "n_trials", "budget_epochs", "timeout_s", "sampler", "pruner", "min_resource",
+            "reduction_factor", "trial_epochs"} <= set(inputs)  # fmt: skip

@@ -63,9 +63,12 @@ def test_a_valid_space_is_normalised():
 @pytest.mark.parametrize(
     ("name", "value", "allowed"),
     [
-        ("sampler", "grid", "tpe, random"),
-        ("pruner", "asha", "median, hyperband, none"),
+        ("sampler", "cmaes", "tpe, random, grid"),
+        ("pruner", "wilcoxon", "asha, median, hyperband, none"),
         ("n_trials", 0, "1..1000"),
+        ("reduction_factor", 1, "2..10"),
+        ("min_resource", 0, "1..10000"),
+        ("budget_epochs", -1, "0..10000000"),
     ],
 )
 def test_study_settings_are_checked(name, value, allowed):
@@ -89,3 +92,43 @@ def test_trials_shorter_than_a_chosen_warm_up_are_refused():
         validate_pipeline_params(
             {"extra_hparams": '{"warmup_epochs": 3}', "epochs": 5, "trial_epochs": 1}, "tune"
         )
+
+
+def test_the_grid_sampler_needs_a_discrete_space():
+    with pytest.raises(
+        ValueError, match=r"^sampler='grid' needs a discrete search space, but search_space.lr is"
+    ):
+        _tune({"lr": {"type": "float", "low": 0.01, "high": 1}}, sampler="grid")
+    values = _tune({"lr": {"type": "categorical", "choices": [0.1, 0.2]}, "batch_size": {"type": "int", "low": 2,
+                    "high": 4}}, sampler="grid")  # fmt: skip
+    assert values["sampler"] == "grid" and values["pruner"] == "asha"  # successive halving is the default
+
+
+@pytest.mark.parametrize("val_fraction", [0, 0.0, "0"])
+def test_tuning_without_a_validation_split_is_refused_naming_val_fraction(val_fraction):
+    """Trials scored on the test split would choose values on the split that gates publication."""
+    with pytest.raises(
+        ValueError, match=r"^val_fraction=0.0 leaves no validation split .*use val_fraction > 0"
+    ):
+        validate_pipeline_params({"val_fraction": val_fraction}, "tune")
+    assert validate_pipeline_params({"val_fraction": 0}, "training")["val_fraction"] == 0  # training may
+
+
+def test_the_cli_refuses_a_dataset_without_a_validation_split_before_the_study_exists(tmp_path, capsys):
+    from dataclasses import replace
+
+    import numpy as np
+
+    from cifar10_kfp.data.format import save_prepared
+    from cifar10_kfp_pipelines.cli import main
+    from tests.support.data import make_tiny_dataset
+
+    tiny = make_tiny_dataset(n_train=64)
+    no_val = replace(tiny, val_images=tiny.val_images[:0], val_labels=np.zeros(0, dtype=np.int64))
+    data = save_prepared(no_val, tmp_path / "data" / "dataset.safetensors")
+    code = main(
+        ["tune", "--data", str(data), "--study-uri", str(tmp_path / "s"), "--output-dir", str(tmp_path / "o")]
+    )
+    assert code != 0
+    assert "no validation split (prepared with val_fraction=0)" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()  # no study was made

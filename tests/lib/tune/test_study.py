@@ -41,7 +41,12 @@ def test_a_tiny_study_completes_prunes_and_reports(tmp_path, tiny_dataset_path):
     assert result.best_params == next(r["params"] for r in completed if r["value"] == result.best_value)
     page = (tmp_path / "out" / "report.html").read_text()
     assert page.count("data:image/png;base64,") == 3 and "<script" not in page
-    assert page.count("<tr>") == 1 + 6  # header + one row per trial
+    trials_table = page[page.index("<h2>Trials</h2>") :]
+    assert trials_table.count("<tr>") == 1 + 6  # header + one row per trial
+    assert "Rungs: where trials stopped" in page
+    assert all(
+        row["fixed_s"] > 0 for row in result.trials if row["epochs_run"]
+    )  # build, whitening, first eval
     assert json.loads((tmp_path / "out" / "best_params.json").read_text()) == result.best_params
     assert (tmp_path / "study" / "study.journal").is_file()
 
@@ -58,7 +63,9 @@ def test_trials_run_at_once_one_per_device_slot_and_the_study_still_counts_them(
     result = run_study(values, str(tiny_dataset_path), tmp_path / "out", study_uri=str(tmp_path / "study"),
                        concurrent=2)  # fmt: skip
     assert result.metrics["trials_completed"] == 4 and {row["device"] for row in result.trials} == {"cpu"}
-    storage = JournalStorage(JournalFileBackend(str(tmp_path / "study" / "study.journal")))
+    storage = JournalStorage(
+        log_storage=JournalFileBackend(file_path=str(tmp_path / "study" / "study.journal"))
+    )
     trials = optuna.load_study(study_name=STUDY_NAME, storage=storage).get_trials()
     spans = sorted((t.datetime_start, t.datetime_complete) for t in trials)
     overlapping = sum(later_start < end for (_, end), (later_start, _) in zip(spans, spans[1:]))
@@ -90,7 +97,7 @@ def _journal_trials(store, uri: str, work: Path) -> list:
         return []
     path = work / f"journal-{time.monotonic_ns()}"
     path.write_bytes(data)
-    storage = JournalStorage(JournalFileBackend(str(path)))
+    storage = JournalStorage(log_storage=JournalFileBackend(file_path=str(path)))
     return optuna.load_study(study_name="cifar10-tune", storage=storage).get_trials(deepcopy=False)
 
 
@@ -139,3 +146,34 @@ def test_kill_9_mid_study_then_rerun_reuses_the_finished_trials(tmp_path, store_
     rerun = [r for r in rows if r["rerun_of"] == in_flight[0].number]
     assert len(rerun) == 1 and rerun[0]["state"] == "COMPLETE" and rerun[0]["params"] == in_flight[0].params
     assert f"{len(kept)} finished trial(s) kept, 1 re-queued" in second.stderr
+
+
+@pytest.mark.slow
+def test_a_live_study_makes_exactly_the_decisions_of_its_replay(tmp_path, tiny_dataset_path):
+    """The benchmark's premise: trials read from a learning-curve table (each configuration trained once, in
+    full, by the live trial function) give the live study's trials, values, pruning and costs exactly."""
+    from cifar10_kfp.data.format import load_prepared
+    from cifar10_kfp.params.space import parse_search_space
+    from cifar10_kfp.tune.replay import candidates, learning_curves, replay_study
+
+    space = {"lr": {"type": "categorical", "choices": [0.0005, 0.005, 0.02, 0.05]},
+             "label_smoothing": {"type": "categorical", "choices": [0.0, 0.2]}}  # fmt: skip
+    values = _values(search_space=json.dumps(space), sampler="tpe", pruner="asha", reduction_factor=2,
+                     trial_epochs=3, n_trials=1000, seed=3)  # fmt: skip
+    live = run_study(
+        values, str(tiny_dataset_path), tmp_path / "out", study_uri=str(tmp_path / "study")
+    ).trials
+    configs = candidates(parse_search_space(values["search_space"]))
+    table = learning_curves(values, load_prepared(str(tiny_dataset_path)), configs)
+    replayed = replay_study(values, table)
+
+    def decisions(rows):
+        return [
+            (r["number"], r["params"], r["state"], r["value"], r["epochs_run"], r["same_as"]) for r in rows
+        ]
+
+    assert decisions(live) == decisions(replayed)
+    assert {r["state"] for r in live} == {"COMPLETE", "PRUNED"}  # pruning decisions were compared too
+    assert (
+        len({json.dumps(r["params"], sort_keys=True) for r in live}) == len(configs) == 8
+    )  # all, then the end

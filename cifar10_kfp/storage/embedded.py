@@ -80,6 +80,20 @@ def _new_session_dying_with_parent() -> None:  # runs in the child between fork 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def stop_process_group(proc: subprocess.Popen | None, grace_s: float) -> None:
+    """SIGTERM a server's process group, then SIGKILL it after ``grace_s``; nothing if it already ended."""
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 class EmbeddedObjectStore:
     """A SeaweedFS S3 server on 127.0.0.1. Use as a context manager, or ``start()``/``stop()``.
 
@@ -189,15 +203,7 @@ class EmbeddedObjectStore:
         filer's leveldb log), so a kill loses nothing that a client was told was stored.
         """
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_process_group(proc, grace_s)
         if self._log is not None:
             self._log.close()
             self._log = None

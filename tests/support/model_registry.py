@@ -29,7 +29,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from cifar10_kfp.storage.embedded import free_ports
+from cifar10_kfp.storage.embedded import free_ports, stop_process_group
 from tests.support.cluster.gobuild import ensure_binary
 
 # The REST API the pinned server serves; the pinned client ``model-registry==0.3.0`` calls it (clients up to
@@ -63,19 +63,6 @@ def _preexec() -> None:  # runs in the child between fork and exec
         # PR_SET_PDEATHSIG fires when the forking *thread* exits: only safe from the main thread.
         with contextlib.suppress(Exception):
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def _stop_group(proc: subprocess.Popen | None, grace_s: float) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 class ModelRegistryServer:
@@ -138,13 +125,13 @@ class ModelRegistryServer:
     def stop_server(self) -> None:
         """Take the registry server down (the database stays): clients then get connection refused."""
         proc, self._server = self._server, None
-        _stop_group(proc, grace_s=5.0)
+        stop_process_group(proc, grace_s=5.0)
 
     def close(self) -> None:
         """Stop the server and the database and remove their files; idempotent."""
         self.stop_server()
         db, self._db = self._db, None
-        _stop_group(db, grace_s=20.0)  # mariadbd shuts down cleanly on SIGTERM in about a second
+        stop_process_group(db, grace_s=20.0)  # mariadbd shuts down cleanly on SIGTERM in about a second
         for log in self._logs:
             log.close()
         self._logs.clear()

@@ -25,6 +25,7 @@ import sysconfig
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -320,16 +321,28 @@ class EmbeddedObjectStore:
 def serve_forever(data_dir: str | None = None) -> int:
     """``cifar10-kfp store``: run a server in the foreground and print the variables to export."""
     store = EmbeddedObjectStore(data_dir)
-    stop_requested = []
-    signal.signal(signal.SIGTERM, lambda *_: stop_requested.append(True))
+    stop_requested = stop_on_sigterm()  # before the start, so a SIGTERM during it still stops cleanly
     with store:
         print("# SeaweedFS S3 server is up. In another shell, run:")
         for key, value in store.env().items():
             print(f"export {key}={value}")
         print(f"# data: {store.data_dir}   log: {store.log_path}   Ctrl-C stops it.", flush=True)
-        try:
-            while store.running and not stop_requested:
-                time.sleep(0.5)
-        except KeyboardInterrupt:
-            pass
+        wait_in_foreground(lambda: store.running, stop_requested)
     return 0
+
+
+def stop_on_sigterm() -> list[bool]:
+    """From now on SIGTERM appends to the returned list instead of ending the process (cleanup still runs)."""
+    stop_requested: list[bool] = []
+    signal.signal(signal.SIGTERM, lambda *_: stop_requested.append(True))
+    return stop_requested
+
+
+def wait_in_foreground(is_running: Callable[[], bool], stop_requested: list[bool]) -> bool:
+    """Block while ``is_running()`` until Ctrl-C or SIGTERM; True when asked to stop, False when it ended."""
+    try:
+        while is_running() and not stop_requested:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        return True
+    return bool(stop_requested)

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from cifar10_kfp.storage.embedded import EmbeddedObjectStore
-from tests.support.cluster import gobuild, images, procs, trainimage, versions
+from tests.support.cluster import gobuild, images, trainimage, versions
 from tests.support.cluster.node import NODE_LABEL, NODE_TOLERATION, RealNode
 
 
@@ -238,21 +238,17 @@ def _secret(store: EmbeddedObjectStore) -> dict:
 
 
 def _job_finished(cp, node) -> dict:
-    found: dict = {}
-
-    def done() -> bool:
-        proc = cp.kubectl("get", "job", JOB, "-n", NAMESPACE, "-o", "json")
-        if proc.returncode != 0:
-            return False
-        found.update(json.loads(proc.stdout))
+    def finished(job: dict) -> bool:
         return any(
             c["type"] in ("Complete", "Failed") and c["status"] == "True"
-            for c in found.get("status", {}).get("conditions", [])
+            for c in job.get("status", {}).get("conditions", [])
         )
 
     # Polled every few seconds (a run takes minutes); fails at once if the kubelet or containerd dies.
-    procs.wait_for(f"job {NAMESPACE}/{JOB} finished", done, _JOB_TIMEOUT_S, cp._procs() + node._procs(), 5)
-    return found
+    return cp.wait_object(
+        "job", NAMESPACE, JOB, finished, what=f"job {NAMESPACE}/{JOB} finished",
+        timeout_s=_JOB_TIMEOUT_S, interval_s=5, also_watch=node._procs(),
+    )  # fmt: skip
 
 
 @pytest.mark.timeout(2400)  # first run: the component image is built (~4 min) and imported

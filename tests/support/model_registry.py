@@ -29,7 +29,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from cifar10_kfp.storage.embedded import free_ports, stop_process_group
+from cifar10_kfp.storage.embedded import (
+    free_ports,
+    stop_on_sigterm,
+    stop_process_group,
+    wait_in_foreground,
+)
 from tests.support.cluster.gobuild import ensure_binary
 
 # The REST API the pinned server serves; the pinned client ``model-registry==0.3.0`` calls it (clients up to
@@ -223,18 +228,13 @@ class ModelRegistryServer:
 
 def serve_forever() -> int:
     """``make model-registry``: run the registry and its database in the foreground until Ctrl-C."""
-    stop_requested: list[bool] = []
-    signal.signal(signal.SIGTERM, lambda *_: stop_requested.append(True))
+    stop_requested = stop_on_sigterm()  # before the start, so a SIGTERM during it still stops cleanly
     with ModelRegistryServer() as server:
         print("# Kubeflow Model Registry is up (its MariaDB too). In another shell, run:")
         print(f"export MODEL_REGISTRY_URL={server.url}")
         print(f"# files: {server.work_dir}   log: {server.server_log}   Ctrl-C stops both.", flush=True)
-        try:
-            while server.server_running and not stop_requested:
-                time.sleep(0.5)
-        except KeyboardInterrupt:
-            pass
-        if not server.server_running and not stop_requested:
+        asked_to_stop = wait_in_foreground(lambda: server.server_running, stop_requested)
+        if not server.server_running and not asked_to_stop:
             print(f"the registry server exited; see {server.server_log}", file=sys.stderr)
             return 1
     return 0

@@ -385,18 +385,34 @@ class ControlPlane:
         }
         self.kubectl_ok("patch", "pod", name, "-n", namespace, "--type=merge", "-p", json.dumps(patch))
 
-    def wait_pod_phase(self, namespace: str, name: str, phase: str, timeout_s: float = 60) -> dict:
-        """Wait until the pod reaches `phase`; returns the pod."""
+    def wait_object(
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        condition,
+        *,
+        what: str,
+        timeout_s: float = 60,
+        interval_s: float = 0.5,
+        also_watch: list[procs.Process] | tuple[procs.Process, ...] = (),
+    ) -> dict:
+        """Poll the object until condition(obj) holds; returns it. Fails early if a watched process died."""
         found: dict = {}
 
         def reached() -> bool:
-            proc = self.kubectl("get", "pod", name, "-n", namespace, "-o", "json")
+            proc = self.kubectl("get", kind, name, "-n", namespace, "-o", "json")
             if proc.returncode != 0:
                 return False
             found.update(json.loads(proc.stdout))
-            return found.get("status", {}).get("phase") == phase
+            return bool(condition(found))
 
-        procs.wait_for(
-            f"pod {namespace}/{name} phase {phase}", reached, timeout_s, self._procs(), interval_s=0.5
-        )
+        procs.wait_for(what, reached, timeout_s, self._procs() + list(also_watch), interval_s=interval_s)
         return found
+
+    def wait_pod_phase(self, namespace: str, name: str, phase: str, timeout_s: float = 60) -> dict:
+        """Wait until the pod reaches `phase`; returns the pod."""
+        return self.wait_object(
+            "pod", namespace, name, lambda pod: pod.get("status", {}).get("phase") == phase,
+            what=f"pod {namespace}/{name} phase {phase}", timeout_s=timeout_s,
+        )  # fmt: skip

@@ -14,16 +14,10 @@ down and bring it back on the same port and database (the outage tests).
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import os
-import pwd
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -36,38 +30,18 @@ from cifar10_kfp.storage.embedded import (
     wait_in_foreground,
 )
 from tests.support.cluster.gobuild import ensure_binary
+from tests.support.mariadb import MariaDB, preexec_session
 
 # The REST API the pinned server serves; the pinned client ``model-registry==0.3.0`` calls it (clients up to
 # 0.3.8 do; 0.3.12 calls /api/model_registry/v1, which this server answers with 404).
 API_PREFIX = "/api/model_registry/v1alpha3"
 
-_PR_SET_PDEATHSIG = 1
 DATABASE = "model_registry"
 DB_USER = "model_registry"
-_SEARCH = ("/usr/sbin", "/usr/bin", "/usr/local/sbin", "/usr/local/bin")
 
 
 class RegistryHarnessError(RuntimeError):
     """The database or the registry server could not be started."""
-
-
-def _find(*names: str) -> str:
-    for name in names:
-        found = shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), *_SEARCH]))
-        if found:
-            return found
-    raise RegistryHarnessError(
-        f"{' / '.join(names)} not found: install Debian's MariaDB server "
-        "(apt-get install -y --no-install-recommends mariadb-server); .ci/run does this in CI"
-    )
-
-
-def _preexec() -> None:  # runs in the child between fork and exec
-    os.setsid()
-    if threading.current_thread() is threading.main_thread():
-        # PR_SET_PDEATHSIG fires when the forking *thread* exits: only safe from the main thread.
-        with contextlib.suppress(Exception):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class ModelRegistryServer:
@@ -78,7 +52,7 @@ class ModelRegistryServer:
         self._binary = binary
         self.work_dir = Path(tempfile.mkdtemp(prefix="cifar10-kfp-mr-"))
         self.db_port, self.port = free_ports(2)
-        self._db: subprocess.Popen | None = None
+        self._db = MariaDB(self.work_dir, self.db_port, start_timeout_s)
         self._server: subprocess.Popen | None = None
         self._logs: list = []
 
@@ -94,7 +68,7 @@ class ModelRegistryServer:
 
     @property
     def db_log(self) -> Path:
-        return self.work_dir / "mariadb.err"
+        return self._db.log
 
     @property
     def server_running(self) -> bool:
@@ -103,7 +77,8 @@ class ModelRegistryServer:
     def start(self) -> ModelRegistryServer:
         binary = self._binary or str(ensure_binary("model-registry"))
         try:
-            self._start_database()
+            self._db.start()
+            self._db.create(DATABASE, DB_USER)
             self._binary = binary
             self.start_server()
         except BaseException:
@@ -123,7 +98,7 @@ class ModelRegistryServer:
              "--datastore-type=embedmd", "--embedmd-database-type=mysql", f"--embedmd-database-dsn={dsn}",
              "--logtostderr=true"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            preexec_fn=_preexec, cwd=self.work_dir,
+            preexec_fn=preexec_session, cwd=self.work_dir,
         )  # fmt: skip
         self._wait_server()
 
@@ -135,8 +110,7 @@ class ModelRegistryServer:
     def close(self) -> None:
         """Stop the server and the database and remove their files; idempotent."""
         self.stop_server()
-        db, self._db = self._db, None
-        stop_process_group(db, grace_s=20.0)  # mariadbd shuts down cleanly on SIGTERM in about a second
+        self._db.stop()
         for log in self._logs:
             log.close()
         self._logs.clear()
@@ -149,55 +123,6 @@ class ModelRegistryServer:
         self.close()
 
     # -- internals --------------------------------------------------------------------
-
-    def _as_mysql_user(self) -> list[str]:
-        """mariadbd refuses to run as root unless told which user to become: the packaged ``mysql``."""
-        if os.geteuid() != 0:
-            return []
-        try:
-            pwd.getpwnam("mysql")
-        except KeyError as exc:
-            raise RegistryHarnessError(
-                "running as root but there is no 'mysql' user to run MariaDB as"
-            ) from exc
-        return ["--user=mysql"]
-
-    def _start_database(self) -> None:
-        datadir = self.work_dir / "db"
-        as_user = self._as_mysql_user()
-        if as_user:
-            shutil.chown(self.work_dir, user="mysql")
-        install = [_find("mariadb-install-db", "mysql_install_db"), "--no-defaults", f"--datadir={datadir}",
-                   "--auth-root-authentication-method=socket", "--skip-test-db", *as_user]  # fmt: skip
-        done = subprocess.run(install, capture_output=True, text=True, timeout=120, cwd=self.work_dir)
-        if done.returncode != 0:
-            raise RegistryHarnessError(
-                f"mariadb-install-db failed ({done.returncode}): {done.stderr[-2000:]}"
-            )
-        socket_path = self.work_dir / "mysqld.sock"
-        self._db = subprocess.Popen(
-            [_find("mariadbd", "mysqld"), "--no-defaults", f"--datadir={datadir}", *as_user,
-             "--bind-address=127.0.0.1", f"--port={self.db_port}", f"--socket={socket_path}",
-             f"--pid-file={self.work_dir / 'mysqld.pid'}", f"--log-error={self.db_log}",
-             "--skip-name-resolve", "--innodb-buffer-pool-size=32M", "--skip-log-bin"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-            preexec_fn=_preexec, cwd=self.work_dir,
-        )  # fmt: skip
-        # root over the socket (socket auth) creates the registry's own passwordless loopback user.
-        sql = (
-            f"CREATE DATABASE {DATABASE} CHARACTER SET utf8mb4;"
-            f"CREATE USER '{DB_USER}'@'127.0.0.1';"
-            f"GRANT ALL PRIVILEGES ON {DATABASE}.* TO '{DB_USER}'@'127.0.0.1';"
-        )
-        client = [_find("mariadb", "mysql"), "--no-defaults", f"--socket={socket_path}", "-u", "root"]
-        self._wait(lambda: self._sql_ok(client, "SELECT 1"), self._db, "MariaDB", self.db_log)
-        done = subprocess.run([*client, "-e", sql], capture_output=True, text=True, timeout=60)
-        if done.returncode != 0:
-            raise RegistryHarnessError(f"creating the registry database failed: {done.stderr.strip()}")
-
-    @staticmethod
-    def _sql_ok(client: list[str], sql: str) -> bool:
-        return subprocess.run([*client, "-e", sql], capture_output=True, timeout=30).returncode == 0
 
     def _healthy(self) -> bool:
         # /readyz/health answers 200 only once the database is connected, migrated and the API is routed.

@@ -59,7 +59,7 @@ def _recipe(spec: versions.GoBinary) -> dict:
     # tags and cgo join the recipe only when set, so binaries stamped before these fields existed
     # (all cgo-free, untagged) are not rebuilt.
     recipe["tags"] = list(spec.tags)
-    for field in ("tags", "cgo"):
+    for field in ("tags", "cgo", "source"):
         if not recipe[field]:
             del recipe[field]
     if spec.wrapper:
@@ -86,6 +86,14 @@ def _build_into(spec: versions.GoBinary, out_dir: pathlib.Path) -> None:
         wrapper = GOMOD_DIR / spec.wrapper
         args = ["build", "-mod=readonly", *flags, "-o", str(out_dir / spec.name), spec.package]
         _run_go(args, wrapper, _go_env(spec.cgo), what)
+        return
+    if spec.source:
+        from tests.support.cluster import sources  # sources uses this module's cache helpers
+
+        root = sources.ensure_tree(spec.source)
+        rel = spec.package.removeprefix(spec.module).lstrip("/")
+        args = ["build", "-mod=readonly", *flags, "-o", str(out_dir / spec.name), f"./{rel}"]
+        _run_go(args, root, _go_env(spec.cgo), what)
         return
     # Built inside the module's own directory of the module cache, so its own go.mod and go.sum
     # decide every dependency, as `go install pkg@version` would. (`go install` itself is refused

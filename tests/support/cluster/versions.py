@@ -39,6 +39,11 @@ CONTAINERD_MODULE = "github.com/containerd/containerd/v2"
 RUNC = "v1.5.3"
 CNI_PLUGINS = "v1.10.0"
 CNI_PLUGINS_MODULE = "github.com/containernetworking/plugins"
+# The KFP backend (kfp.py): the release our users run newest, and the Argo Workflows its go.mod pins.
+KFP = "2.17.0"
+KFP_MODULE = "github.com/kubeflow/pipelines"
+ARGO = "v4.0.5"
+ARGO_MODULE = "github.com/argoproj/argo-workflows/v4"
 #: The CNI plugins the node's bridge network uses, by their directory under plugins/.
 NODE_CNI_PLUGINS = {"bridge": "main", "loopback": "main", "host-local": "ipam", "portmap": "meta"}
 
@@ -62,6 +67,8 @@ class GoBinary:
     # Build tags, and whether cgo is on: runc alone needs cgo (its nsexec is C, seccomp is libseccomp).
     tags: tuple[str, ...] = ()
     cgo: bool = False
+    # A source tree of sources.py to build in, for releases the proxy cannot hand over whole.
+    source: str | None = None
 
 
 def _kube_version_ldflags(version: str) -> tuple[str, ...]:
@@ -103,6 +110,15 @@ def _containerd(name: str) -> GoBinary:
 
 def _cni(name: str, kind: str) -> GoBinary:
     return GoBinary(name, CNI_PLUGINS_MODULE, CNI_PLUGINS, f"{CNI_PLUGINS_MODULE}/plugins/{kind}/{name}")
+
+
+def _kfp(name: str, package: str, **kw) -> GoBinary:
+    # KFP tags carry no "v"; the tree is the tag's commit (sources.KFP_COMMIT).
+    return GoBinary(name, KFP_MODULE, KFP, f"{KFP_MODULE}/{package}", source=f"kfp-{KFP}", **kw)
+
+
+def _argo(name: str) -> GoBinary:
+    return GoBinary(name, ARGO_MODULE, ARGO, f"{ARGO_MODULE}/cmd/{name}", source=f"argo-workflows-{ARGO}")
 
 
 def _jobset(version: str) -> GoBinary:
@@ -157,6 +173,16 @@ _ALL: tuple[GoBinary, ...] = (
         cgo=True,
     ),
     *(_cni(name, kind) for name, kind in NODE_CNI_PLUGINS.items()),
+    # The KFP backend. The API server links go-sqlite3 (its storage package uses sqlite3's error
+    # type), which needs cgo; the driver and launcher are static netgo builds, as upstream's
+    # backend/Dockerfile.driver and Dockerfile.launcher make them.
+    _kfp("kfp-apiserver", "backend/src/apiserver", cgo=True),
+    _kfp("kfp-persistence-agent", "backend/src/agent/persistence"),
+    _kfp("kfp-scheduledworkflow", "backend/src/crd/controller/scheduledworkflow"),
+    _kfp("kfp-driver", "backend/src/v2/cmd/driver", tags=("netgo",)),
+    _kfp("kfp-launcher", "backend/src/v2/cmd/launcher-v2", tags=("netgo",)),
+    _argo("workflow-controller"),
+    _argo("argoexec"),
 )
 
 #: name -> version -> how to build it. The first version listed for a name is its default.

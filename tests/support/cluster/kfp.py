@@ -1,0 +1,285 @@
+"""The real Kubeflow Pipelines 2.17.0 backend on the real control plane (controlplane.py).
+
+Everything here is upstream code built from its pinned source (versions.py, sources.py), run as host
+processes with a kubeconfig, the way envtest runs kube-apiserver:
+
+- the KFP API server (gRPC + REST), with MySQL (Debian's MariaDB, tests/support/mariadb.py) and the
+  embedded SeaweedFS as its object store;
+- the persistence agent, which copies Workflow status back into the KFP database;
+- the scheduled-workflow controller, which fires recurring runs;
+- the Argo Workflows v4.0.5 workflow controller that KFP 2.17.0 pins.
+
+The cluster objects are upstream's own manifests, read from the same source trees: Argo's CRDs
+(manifests/base/crds/full), KFP's ScheduledWorkflow CRD
+(manifests/kustomize/base/pipeline/cluster-scoped/scheduled-workflow-crd.yaml) and the
+pipeline-runner service account and role (manifests/kustomize/base/pipeline/pipeline-runner-*.yaml).
+The workflow-controller ConfigMap carries the settings KFP's third-party/argo/base patch sets.
+
+Left out: the v1 cache server (a pod mutating webhook for KFP v1 pipelines; v2 runs cache through the
+driver and the API server), the UI and multi-user mode. The host processes use the admin kubeconfig
+rather than their upstream service-account roles.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+from tests.support.cluster import gobuild, procs, sources, versions
+from tests.support.mariadb import MariaDB
+
+NAMESPACE = "kubeflow"
+BUCKET = "mlpipeline"
+_KFP_TREE = f"kfp-{versions.KFP}"
+_ARGO_TREE = f"argo-workflows-{versions.ARGO}"
+DRIVER_IMAGE = f"ghcr.io/kubeflow/kfp-driver:{versions.KFP}"
+LAUNCHER_IMAGE = f"ghcr.io/kubeflow/kfp-launcher:{versions.KFP}"
+ARGOEXEC_IMAGE = f"quay.io/argoproj/argoexec:{versions.ARGO}"
+_START_TIMEOUT_S = 180
+_BINARIES = ("kfp-apiserver", "kfp-persistence-agent", "kfp-scheduledworkflow", "workflow-controller")
+
+
+def _workflow_controller_config(host_aliases: list[dict] | None) -> dict[str, str]:
+    # As KFP's manifests/kustomize/third-party/argo/base/workflow-controller-configmap-patch.yaml,
+    # minus the artifact repository (KFP v2 artifacts go through the launcher, not Argo).
+    executor = {
+        "imagePullPolicy": "IfNotPresent",
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 65532,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    spec: dict = {
+        "ttlStrategy": {"secondsAfterCompletion": 3600},
+        "templateDefaults": {"retryStrategy": {"limit": "2", "retryPolicy": "OnError"}},
+    }
+    if host_aliases:
+        spec["hostAliases"] = host_aliases
+    return {"executor": json.dumps(executor), "workflowDefaults": json.dumps({"spec": spec})}
+
+
+class KfpBackend:
+    """Start with `with KfpBackend(cp, store) as kfp:`; `kfp.endpoint` is the REST API for kfp.Client."""
+
+    def __init__(self, cp, store, host_aliases: list[dict] | None = None):
+        self.cp, self.store, self.host_aliases = cp, store, host_aliases
+        self.dir = cp.dir / "kfp"
+        self.procs: dict[str, procs.Process] = {}
+        self.db: MariaDB | None = None
+
+    def __enter__(self) -> KfpBackend:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def start(self) -> None:
+        started = time.monotonic()
+        self.bin = {name: gobuild.ensure_binary(name) for name in _BINARIES}
+        self.kfp_tree = sources.ensure_tree(_KFP_TREE)
+        self.argo_tree = sources.ensure_tree(_ARGO_TREE)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._install_cluster_objects()
+        # Its own top-level temporary directory: mariadbd runs as `mysql`, which cannot enter cp.dir.
+        self.db = MariaDB(pathlib.Path(tempfile.mkdtemp(prefix="cifar10-kfp-kfpdb-")), procs.free_port())
+        self.db.start()
+        self.db.create("mlpipeline", "kfp", global_grants=True)
+        self._start_apiserver()
+        self._start_controllers()
+        self.started_in_s = time.monotonic() - started
+
+    def stop(self) -> None:
+        for proc in reversed(list(self.procs.values())):
+            proc.stop()
+        self.procs.clear()
+        if self.db is not None:
+            self.db.stop()
+            shutil.rmtree(self.db.work_dir, ignore_errors=True)
+            self.db = None
+
+    # -- cluster objects -------------------------------------------------------------------
+    def _install_cluster_objects(self) -> None:
+        crds = sorted((self.argo_tree / "manifests/base/crds/full").glob("argoproj.io_*.yaml"))
+        crds.append(
+            self.kfp_tree / "manifests/kustomize/base/pipeline/cluster-scoped/scheduled-workflow-crd.yaml"
+        )
+        for path in crds:
+            self.cp.kubectl_ok("apply", "--server-side", "-f", str(path), timeout=120)
+        for crd in ("workflows.argoproj.io", "scheduledworkflows.kubeflow.org"):
+            query = '{.status.conditions[?(@.type=="Established")].status}'
+            self.cp.wait_for(
+                f"CRD {crd} established",
+                lambda crd=crd: self.cp.kubectl("get", "crd", crd, "-o", f"jsonpath={query}").stdout == "True",
+            )
+        self.cp.kubectl("create", "namespace", NAMESPACE)
+        pipeline = self.kfp_tree / "manifests/kustomize/base/pipeline"
+        for name in (
+            "pipeline-runner-sa.yaml",
+            "pipeline-runner-role.yaml",
+            "pipeline-runner-rolebinding.yaml",
+        ):
+            self.cp.kubectl_ok("apply", "-n", NAMESPACE, "-f", str(pipeline / name))
+        access, secret = self.store.access_key, self.store.secret_key
+        self._apply(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "mlpipeline-minio-artifact"},
+                "stringData": {"accesskey": access, "secretkey": secret},
+            }  # fmt: skip
+        )
+        self._apply(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "kfp-launcher"},
+                "data": {"defaultPipelineRoot": f"minio://{BUCKET}/v2/artifacts"},
+            }  # fmt: skip
+        )
+        self._apply(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "workflow-controller-configmap"},
+                "data": _workflow_controller_config(self.host_aliases),
+            }  # fmt: skip
+        )
+
+    def _apply(self, obj: dict) -> None:
+        self.cp.kubectl_ok("apply", "-n", NAMESPACE, "-f", "-", input=json.dumps(obj))
+
+    # -- processes -------------------------------------------------------------------------
+    def _home(self) -> dict[str, str]:
+        # The API server's ScheduledWorkflow client reads $HOME/.kube/config (apiserver/client/swf.go).
+        home = self.dir / "home"
+        (home / ".kube").mkdir(parents=True, exist_ok=True)
+        shutil.copy(self.cp.kubeconfig, home / ".kube" / "config")
+        return {"HOME": str(home), "KUBECONFIG": str(self.cp.kubeconfig)}
+
+    def _apiserver_env(self) -> dict[str, str]:
+        host, port = self.store.endpoint.rsplit(":", 1)
+        access, secret = self.store.access_key, self.store.secret_key
+        # The environment of upstream's ml-pipeline-apiserver-deployment.yaml, pointed at this
+        # machine's MariaDB, object store and images.
+        return {
+            **self._home(),
+            "POD_NAMESPACE": NAMESPACE,
+            "CLUSTER_DOMAIN": "cluster.local",
+            "OBJECTSTORECONFIG_SECURE": "false",
+            "OBJECTSTORECONFIG_BUCKETNAME": BUCKET,
+            "OBJECTSTORECONFIG_HOST": host,
+            "OBJECTSTORECONFIG_PORT": port,
+            "OBJECTSTORECONFIG_REGION": "us-east-1",
+            "OBJECTSTORECONFIG_ACCESSKEY": access,
+            "OBJECTSTORECONFIG_SECRETACCESSKEY": secret,
+            "DBCONFIG_USER": "kfp",
+            "DBCONFIG_PASSWORD": "",
+            "DBCONFIG_DBNAME": "mlpipeline",
+            "DBCONFIG_HOST": "127.0.0.1",
+            "DBCONFIG_PORT": str(self.db.port),
+            "DB_DRIVER_NAME": "mysql",
+            "DBCONFIG_MYSQLCONFIG_USER": "kfp",
+            "DBCONFIG_MYSQLCONFIG_PASSWORD": "",
+            "DBCONFIG_MYSQLCONFIG_DBNAME": "mlpipeline",
+            "DBCONFIG_MYSQLCONFIG_HOST": "127.0.0.1",
+            "DBCONFIG_MYSQLCONFIG_PORT": str(self.db.port),
+            "V2_DRIVER_IMAGE": DRIVER_IMAGE,
+            "V2_LAUNCHER_IMAGE": LAUNCHER_IMAGE,
+            "PUBLISH_LOGS": "true",
+            # Kubernetes injects these from the ml-pipeline-visualizationserver Service; the
+            # visualization server (v1 only) is not run, and nothing here calls it.
+            "ML_PIPELINE_VISUALIZATIONSERVER_SERVICE_HOST": "127.0.0.1",
+            "ML_PIPELINE_VISUALIZATIONSERVER_SERVICE_PORT": "8888",
+            "LOG_LEVEL": "info",
+        }
+
+    def _start_apiserver(self) -> None:
+        self.grpc_port, self.http_port = procs.free_port(), procs.free_port()
+        argv = [
+            str(self.bin["kfp-apiserver"]),
+            f"--config={self.kfp_tree / 'backend/src/apiserver/config'}",
+            # ":port", not "host:port": the REST proxy dials "localhost" + this flag (apiserver/main.go).
+            f"--rpcPortFlag=:{self.grpc_port}",
+            f"--httpPortFlag=127.0.0.1:{self.http_port}",
+            f"--webhookPortFlag=127.0.0.1:{procs.free_port()}",
+            "--logtostderr=true",
+        ]
+        proc = self.procs["kfp-apiserver"] = procs.Process(
+            "kfp-apiserver", argv, self.dir / "logs", cwd=self.dir, env=self._apiserver_env()
+        )
+        procs.wait_for("KFP API server /apis/v2beta1/healthz", self._healthy, _START_TIMEOUT_S, [proc], 0.5)
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.endpoint}/apis/v2beta1/healthz", timeout=3) as resp:  # noqa: S310
+                return resp.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def _with_agent_token(self) -> list[str]:
+        """A command prefix giving the persistence agent its service-account token where it looks.
+
+        The agent reads a fixed path (agent/persistence/client/tokenrefresher/token_refresher.go:
+        /var/run/secrets/kubeflow/tokens/persistenceagent-sa-token), a projected token in its pod.
+        Here it runs in a private mount namespace with a tmpfs on /run holding a real token of its
+        service account, so nothing is written to the host's /run.
+        """
+        self.cp.kubectl("create", "serviceaccount", "ml-pipeline-persistenceagent", "-n", NAMESPACE)
+        token = self.cp.kubectl_ok(
+            "create", "token", "ml-pipeline-persistenceagent", "-n", NAMESPACE,
+            "--audience=pipelines.kubeflow.org", "--duration=24h",
+        ).stdout.strip()  # fmt: skip
+        token_file = self.dir / "persistenceagent-sa-token"
+        token_file.write_text(token)
+        token_file.chmod(0o600)
+        tokens = "/run/secrets/kubeflow/tokens"
+        script = (
+            f"mount -t tmpfs kfp-tokens /run && mkdir -p {tokens} && "
+            f'cp {token_file} {tokens}/persistenceagent-sa-token && exec "$@"'
+        )
+        return ["unshare", "--mount", "--propagation=private", "sh", "-c", script, "agent"]
+
+    def _start_controllers(self) -> None:
+        kubeconfig = str(self.cp.kubeconfig)
+        api = ["--mlPipelineAPIServerName=127.0.0.1", f"--mlPipelineServiceGRPCPort={self.grpc_port}"]
+        commands = {
+            "workflow-controller": [
+                str(self.bin["workflow-controller"]), f"--kubeconfig={kubeconfig}", f"--namespace={NAMESPACE}",
+                "--configmap=workflow-controller-configmap", f"--executor-image={ARGOEXEC_IMAGE}",
+            ],
+            "kfp-persistence-agent": [
+                *self._with_agent_token(),
+                str(self.bin["kfp-persistence-agent"]), f"--kubeconfig={kubeconfig}", f"--namespace={NAMESPACE}",
+                *api, f"--mlPipelineServiceHttpPort={self.http_port}", "--numWorker=2",
+            ],
+            "kfp-scheduledworkflow": [
+                str(self.bin["kfp-scheduledworkflow"]), f"--kubeconfig={kubeconfig}", f"--namespace={NAMESPACE}",
+                *api, f"--metricsPort={procs.free_port()}",
+            ],
+        }  # fmt: skip
+        env = {**self._home(), "POD_NAMESPACE": NAMESPACE, "NAMESPACE": NAMESPACE, "LEADER_ELECTION_DISABLE": "true"}
+        for name, argv in commands.items():
+            self.procs[name] = procs.Process(name, argv, self.dir / "logs", cwd=self.dir, env=env)
+        # Each is up once it has stayed up through its informers' first sync.
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            for proc in self.procs.values():
+                proc.check_alive()
+            time.sleep(0.5)

@@ -16,7 +16,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE ?= $(REGISTRY)/cifar10-kfp:$(VERSION)
 PYTEST_ARGS ?=
 
-.PHONY: help install tools run test test-fast test-registry model-registry test-cluster cluster cluster-build compile lint typecheck bench bench-quick image clean
+.PHONY: help install tools run test test-fast test-registry model-registry test-cluster cluster cluster-full cluster-build compile lint typecheck bench bench-quick image clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -58,6 +58,9 @@ test-cluster: cluster-build ## run tests/cluster against a real control plane, T
 
 cluster: cluster-build ## start the real control plane + Trainer in the foreground; prints export KUBECONFIG=...
 	$(PY) -m tests.support.cluster $(CLUSTER_ARGS)
+
+cluster-full: cluster-build ## as cluster, plus the real KFP 2.17.0 backend and its object store; prints KF_PIPELINES_ENDPOINT and MINIO_*
+	$(PY) -m tests.support.cluster --kfp $(CLUSTER_ARGS)
 
 test-registry: $(STAMP) ## the tests against a real Kubeflow Model Registry server (needs mariadb-server and go)
 	$(PY) -m pytest $(REGISTRY_TESTS) $(PYTEST_ARGS)

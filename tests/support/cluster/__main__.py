@@ -1,6 +1,10 @@
 """`make cluster`: the real control plane (and a Trainer stack) in the foreground until Ctrl-C.
 
-    python -m tests.support.cluster [--trainer 2.3|2.2|none] [--gpu-nodes N] [--cpu-nodes N]
+    python -m tests.support.cluster [--trainer 2.3|2.2|none] [--gpu-nodes N] [--cpu-nodes N] [--kfp]
+
+`--kfp` (`make cluster-full`) adds the real KFP 2.17.0 backend (kfp.py) with an embedded object
+store as its artifact store, and prints KF_PIPELINES_ENDPOINT and the MINIO_* settings that reach
+that store from this machine, so `cifar10-kfp submit`, `schedule` and `runs` work against it.
 
 It prints `export KUBECONFIG=...` (as `cifar10-kfp store` prints MINIO_*): paste it into another
 shell and point kubectl or `cifar10-kfp doctor` at the cluster. Pods stay Running until told
@@ -10,6 +14,7 @@ otherwise (see kwok_stages.py); --auto-complete makes Job pods succeed as kwok's
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 import threading
@@ -27,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-nodes", type=int, default=2)
     parser.add_argument("--gpu-nodes", type=int, default=4)
     parser.add_argument("--auto-complete", action="store_true", help="Job pods succeed 1-6 s after Ready")
+    parser.add_argument(
+        "--kfp", action="store_true", help="also start the real KFP backend and its object store"
+    )
     args = parser.parse_args(argv)
 
     stop = threading.Event()
@@ -43,18 +51,35 @@ def main(argv: list[str] | None = None) -> int:
         if args.trainer != "none":
             stack = install_trainer(cp, args.trainer)
             print(f"Trainer {stack.version} + JobSet {stack.jobset_version} up in {stack.started_in_s:.0f} s")
-        kubectl = gobuild.ensure_binary("kubectl")
-        print(f"\nexport KUBECONFIG={cp.kubeconfig}")
-        print(f"alias kubectl={kubectl}")
-        print("\nPress Ctrl-C to stop and delete everything.", flush=True)
-        try:
-            while not stop.wait(1.0):
-                pass
-        finally:
-            if stack is not None:
-                stack.stop()
+        with contextlib.ExitStack() as services:
+            if args.kfp:
+                _start_kfp(cp, services)
+            _wait_for_stop(cp, stop)
+        if stack is not None:
+            stack.stop()
     print("stopped")
     return 0
+
+
+def _start_kfp(cp, services: contextlib.ExitStack) -> None:
+    from cifar10_kfp.storage.embedded import EmbeddedObjectStore
+    from tests.support.cluster.kfp import BUCKET, KfpBackend
+
+    store = services.enter_context(EmbeddedObjectStore(cp.dir / "kfp-store", bucket=BUCKET))
+    backend = services.enter_context(KfpBackend(cp, store))
+    print(f"KFP {versions.KFP} backend up in {backend.started_in_s:.0f} s; logs in {backend.dir / 'logs'}")
+    print(f"export KF_PIPELINES_ENDPOINT={backend.endpoint}")
+    for key, value in store.env().items():
+        print(f"export {key}={value}")
+
+
+def _wait_for_stop(cp, stop: threading.Event) -> None:
+    kubectl = gobuild.ensure_binary("kubectl")
+    print(f"\nexport KUBECONFIG={cp.kubeconfig}")
+    print(f"alias kubectl={kubectl}")
+    print("\nPress Ctrl-C to stop and delete everything.", flush=True)
+    while not stop.wait(1.0):
+        pass
 
 
 if __name__ == "__main__":

@@ -122,8 +122,8 @@ class KfpBackend:
         )
         for path in crds:
             self.cp.kubectl_ok("apply", "--server-side", "-f", str(path), timeout=120)
+        query = '{.status.conditions[?(@.type=="Established")].status}'
         for crd in ("workflows.argoproj.io", "scheduledworkflows.kubeflow.org"):
-            query = '{.status.conditions[?(@.type=="Established")].status}'
             self.cp.wait_for(
                 f"CRD {crd} established",
                 lambda crd=crd: self.cp.kubectl("get", "crd", crd, "-o", f"jsonpath={query}").stdout == "True",

@@ -84,7 +84,8 @@ def test_database_survives_a_restart(tmp_path):
         seeded = run_checks("seed", first.address)
     assert first.process.popen.returncode == 0, "SIGTERM must stop the server cleanly"
     assert "mlmd_server: stopped" in first.process.log_path.read_text()
-    with mlmd.MlmdServer("127.0.0.1", procs.free_port(), db) as second:
+    # The same port and log: readiness must come from the new run's log lines, not the old ones.
+    with mlmd.MlmdServer("127.0.0.1", first.port, db) as second:
         assert run_checks("read", second.address) == {
             "ctx": seeded["ctx"],
             "note": "written before the restart",

@@ -157,6 +157,7 @@ class MlmdServer:
         self.log_dir = pathlib.Path(log_dir) if log_dir else self.db_path.parent
         self.ready_timeout_s = ready_timeout_s
         self.process: procs.Process | None = None
+        self._log_start = 0
 
     @property
     def address(self) -> str:
@@ -167,6 +168,9 @@ class MlmdServer:
         """Start the server and wait until it answers a real call; raise with its log if it dies."""
         python = ensure_mlmd_venv() / "bin" / "python"
         argv = [str(python), str(SERVER_SCRIPT), "serve", "--host", self.host, "--port", str(self.port)]
+        log = self.log_dir / "mlmd.log"
+        # The log is appended to across restarts: only what this run writes counts as its readiness.
+        self._log_start = log.stat().st_size if log.exists() else 0
         self.process = procs.Process("mlmd", [*argv, "--db", str(self.db_path)], self.log_dir)
         try:
             procs.wait_for(
@@ -183,7 +187,9 @@ class MlmdServer:
     def _listening(self) -> bool:
         # The server logs this line once it holds the port (it refuses to share one): only then is
         # an answer on the port its own, not that of another server already there.
-        return f"on {self.address} (sqlite" in self.process.log_path.read_text(errors="replace")
+        with open(self.process.log_path, "rb") as fh:
+            fh.seek(self._log_start)
+            return f"on {self.address} (sqlite".encode() in fh.read()
 
     def stop(self) -> None:
         """SIGTERM the server (it finishes calls in flight); idempotent."""

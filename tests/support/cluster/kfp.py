@@ -126,7 +126,9 @@ class KfpBackend:
         for crd in ("workflows.argoproj.io", "scheduledworkflows.kubeflow.org"):
             self.cp.wait_for(
                 f"CRD {crd} established",
-                lambda crd=crd: self.cp.kubectl("get", "crd", crd, "-o", f"jsonpath={query}").stdout == "True",
+                lambda crd=crd: (
+                    self.cp.kubectl("get", "crd", crd, "-o", f"jsonpath={query}").stdout == "True"
+                ),
             )
         self.cp.kubectl("create", "namespace", NAMESPACE)
         pipeline = self.kfp_tree / "manifests/kustomize/base/pipeline"
@@ -274,7 +276,12 @@ class KfpBackend:
                 *api, f"--metricsPort={procs.free_port()}",
             ],
         }  # fmt: skip
-        env = {**self._home(), "POD_NAMESPACE": NAMESPACE, "NAMESPACE": NAMESPACE, "LEADER_ELECTION_DISABLE": "true"}
+        env = {
+            **self._home(),
+            "POD_NAMESPACE": NAMESPACE,
+            "NAMESPACE": NAMESPACE,
+            "LEADER_ELECTION_DISABLE": "true",
+        }
         for name, argv in commands.items():
             self.procs[name] = procs.Process(name, argv, self.dir / "logs", cwd=self.dir, env=env)
         # Each is up once it has stayed up through its informers' first sync.

@@ -165,11 +165,9 @@ def train_image(real_node):
     from tests.cluster import conftest
 
     started = time.monotonic()
-    archive = trainimage.build_archive(gobuild.cache_root() / "images")
-    conftest._TIMINGS["component image build (or cache hit)"] = round(time.monotonic() - started, 1)
-    started = time.monotonic()
-    real_node.import_image(archive)
-    conftest._TIMINGS["component image import"] = round(time.monotonic() - started, 1)
+    imported = trainimage.ensure_imported(real_node, gobuild.cache_root() / "images")
+    label = "component image build + import" if imported else "component image (already imported)"
+    conftest._TIMINGS[label] = round(time.monotonic() - started, 1)
     return trainimage.IMAGE
 
 

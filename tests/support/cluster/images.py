@@ -2,7 +2,8 @@
 
 A layer is a tar of a directory; an image is an OCI image-layout archive (oci-layout, index.json,
 blobs/sha256/...) that `ctr -n k8s.io images import` reads. Layers are left uncompressed: they
-never cross a network, and gzip on two cores would cost minutes for a large layer.
+never cross a network, and gzip on two cores would cost minutes for a large layer. A large image
+is never written to disk whole: OciImage streams it from its layer trees (see there).
 
 Two images every node needs are made here from what this machine has:
 - the CRI sandbox ("pause") image, under the name containerd asks for, built from the pause.c that
@@ -22,6 +23,8 @@ import stat
 import subprocess
 import tarfile
 import tempfile
+import threading
+from typing import BinaryIO
 
 from tests.support.cluster import gobuild, versions
 
@@ -49,13 +52,14 @@ def _whiteout(tar: tarfile.TarFile, arcname: str) -> None:
     tar.addfile(_normalise(info))
 
 
-def tar_layer(root: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
-    """Tar the tree under `root` (paths relative to it, owners as on disk) into `out`.
+def write_layer(root: pathlib.Path, sink: BinaryIO) -> None:
+    """Write the tree under `root` as an uncompressed layer tar to `sink` (a stream; no seeking).
 
-    `root` may be an overlayfs upper directory: its whiteouts (0:0 character devices) and opaque
-    directories become the OCI layer's `.wh.` entries, so a layer can delete what a lower one holds.
+    Paths are relative to `root`, owners as on disk. `root` may be an overlayfs upper directory:
+    its whiteouts (0:0 character devices) and opaque directories become the OCI layer's `.wh.`
+    entries, so a layer can delete what a lower one holds. The same tree gives the same bytes.
     """
-    with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tar:
+    with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as tar:
         for dirpath, dirnames, filenames in os.walk(root):
             dirnames.sort()
             for name in sorted(dirnames) + sorted(filenames):
@@ -68,7 +72,6 @@ def tar_layer(root: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
                 tar.add(path, arcname=arcname, recursive=False, filter=_normalise)
                 if stat.S_ISDIR(st.st_mode) and _is_opaque(path):
                     _whiteout(tar, f"{arcname}/.wh..wh..opq")
-    return out
 
 
 def _is_opaque(path: pathlib.Path) -> bool:
@@ -78,12 +81,25 @@ def _is_opaque(path: pathlib.Path) -> bool:
         return False
 
 
-def _sha256_file(path: pathlib.Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return f"sha256:{digest.hexdigest()}"
+class _Digester(io.RawIOBase):
+    """A write-only sink that keeps the sha256 and the length of what passes through it."""
+
+    def __init__(self, forward: BinaryIO | None = None):
+        self.sha256, self.size, self._forward = hashlib.sha256(), 0, forward
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:  # type: ignore[override]
+        self.sha256.update(data)
+        self.size += len(data)
+        if self._forward is not None:
+            self._forward.write(data)
+        return len(data)
+
+    @property
+    def digest(self) -> str:
+        return f"sha256:{self.sha256.hexdigest()}"
 
 
 def _add_bytes(tar: tarfile.TarFile, arcname: str, data: bytes) -> None:
@@ -92,67 +108,120 @@ def _add_bytes(tar: tarfile.TarFile, arcname: str, data: bytes) -> None:
     tar.addfile(_normalise(info), io.BytesIO(data))
 
 
-def _json_blob(tar: tarfile.TarFile, doc: dict) -> tuple[str, int]:
+def _json_bytes(doc: dict) -> tuple[bytes, str]:
     data = json.dumps(doc, sort_keys=True).encode()
-    digest = f"sha256:{hashlib.sha256(data).hexdigest()}"
-    _add_bytes(tar, f"blobs/sha256/{digest[7:]}", data)
-    return digest, len(data)
+    return data, f"sha256:{hashlib.sha256(data).hexdigest()}"
 
 
-def oci_archive(
-    out: pathlib.Path,
-    name: str,
-    layers: list[pathlib.Path],
-    config: dict,
-    labels: dict[str, str] | None = None,
-) -> pathlib.Path:
-    """Write an OCI image-layout tar for image `name` (a full reference) from uncompressed layer tars.
+class OciImage:
+    """An OCI image-layout archive made on demand from layer trees, never stored whole.
 
-    `config` is the image's runtime config (Entrypoint, Cmd, Env, User, WorkingDir, Labels). The
-    layers are written into the archive once, straight from their files (a layer may be gigabytes).
+    A layer may be gigabytes (the component image's dependencies), so no layer tar and no archive
+    is written to disk: the layers are hashed in a first pass over the trees (`manifest_digest` is
+    then known), and `write_archive` streams the archive in a second pass, e.g. into
+    `ctr images import -`. The trees must not change in between: the second pass checks its digests.
+    `config` is the image's runtime config (Entrypoint, Cmd, Env, User, WorkingDir, Labels).
     """
-    layer_descs, diff_ids = [], []
-    for layer in layers:
-        digest = _sha256_file(layer)
-        layer_descs.append({"mediaType": OCI_LAYER, "digest": digest, "size": layer.stat().st_size})
-        diff_ids.append(digest)  # uncompressed: the diff ID is the layer digest
-    image_config = {
-        "architecture": "amd64",
-        "os": "linux",
-        "config": {**config, "Labels": {**config.get("Labels", {}), **(labels or {})}},
-        "rootfs": {"type": "layers", "diff_ids": diff_ids},
-    }
-    partial = out.with_name(out.name + ".partial")
-    with tarfile.open(partial, "w") as tar:
-        _add_bytes(tar, "oci-layout", json.dumps({"imageLayoutVersion": "1.0.0"}).encode())
-        for layer, desc in zip(layers, layer_descs):
-            tar.add(layer, arcname=f"blobs/sha256/{desc['digest'][7:]}", filter=_normalise)
-        cfg_digest, cfg_size = _json_blob(tar, image_config)
+
+    def __init__(self, name: str, trees: list[pathlib.Path], config: dict):
+        self.name, self.trees = name, trees
+        self.layers = []
+        for tree in trees:
+            digester = _Digester()
+            write_layer(tree, digester)
+            self.layers.append({"mediaType": OCI_LAYER, "digest": digester.digest, "size": digester.size})
+        image_config = {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": config,
+            # Uncompressed layers: each diff ID is the layer's digest.
+            "rootfs": {"type": "layers", "diff_ids": [layer["digest"] for layer in self.layers]},
+        }
+        self.config_bytes, config_digest = _json_bytes(image_config)
         manifest = {
             "schemaVersion": 2,
             "mediaType": OCI_MANIFEST,
-            "config": {"mediaType": OCI_CONFIG, "digest": cfg_digest, "size": cfg_size},
-            "layers": layer_descs,
+            "config": {"mediaType": OCI_CONFIG, "digest": config_digest, "size": len(self.config_bytes)},
+            "layers": self.layers,
         }
-        man_digest, man_size = _json_blob(tar, manifest)
-        index = {
+        self.manifest_bytes, self.manifest_digest = _json_bytes(manifest)
+
+    def _index(self) -> dict:
+        return {
             "schemaVersion": 2,
             "mediaType": OCI_INDEX,
             "manifests": [
                 {
                     "mediaType": OCI_MANIFEST,
-                    "digest": man_digest,
-                    "size": man_size,
+                    "digest": self.manifest_digest,
+                    "size": len(self.manifest_bytes),
                     "platform": {"architecture": "amd64", "os": "linux"},
                     # ctr import names the image after this annotation.
                     "annotations": {
-                        "io.containerd.image.name": name,
-                        "org.opencontainers.image.ref.name": name.rpartition(":")[2],
+                        "io.containerd.image.name": self.name,
+                        "org.opencontainers.image.ref.name": self.name.rpartition(":")[2],
                     },
                 }
             ],
         }
-        _add_bytes(tar, "index.json", json.dumps(index).encode())
+
+    def write_archive(self, sink: BinaryIO) -> None:
+        """Stream the OCI archive (oci-layout, blobs/sha256/..., index.json) to `sink`."""
+        with tarfile.open(fileobj=sink, mode="w|") as tar:
+            _add_bytes(tar, "oci-layout", json.dumps({"imageLayoutVersion": "1.0.0"}).encode())
+            for tree, layer in zip(self.trees, self.layers):
+                self._stream_layer(tar, tree, layer)
+            for data, digest in ((self.config_bytes, None), (self.manifest_bytes, self.manifest_digest)):
+                digest = digest or f"sha256:{hashlib.sha256(data).hexdigest()}"
+                _add_bytes(tar, f"blobs/sha256/{digest[7:]}", data)
+            _add_bytes(tar, "index.json", json.dumps(self._index()).encode())
+
+    @staticmethod
+    def _stream_layer(tar: tarfile.TarFile, tree: pathlib.Path, layer: dict) -> None:
+        # The tar member's header needs the size first (known from the first pass); its data is the
+        # layer tar written again, by a thread, into a pipe that tarfile reads.
+        info = _normalise(tarfile.TarInfo(f"blobs/sha256/{layer['digest'][7:]}"))
+        info.size, info.mode = layer["size"], 0o644
+        read_fd, write_fd = os.pipe()
+        streamed: list[_Digester] = []
+        failure: list[BaseException] = []
+
+        def produce() -> None:
+            with open(write_fd, "wb", buffering=1 << 20) as pipe:
+                streamed.append(_Digester(forward=pipe))
+                try:
+                    write_layer(tree, streamed[0])
+                except BaseException as exc:  # re-raised by the reading side below
+                    failure.append(exc)
+
+        producer = threading.Thread(target=produce, daemon=True)
+        producer.start()
+        with open(read_fd, "rb", buffering=1 << 20) as pipe:
+            try:
+                tar.addfile(info, pipe)
+            except OSError as exc:  # the tree shrank, the producer failed, or the sink is gone
+                producer.join(timeout=5)
+                if failure:
+                    raise failure[0] from exc
+                if not producer.is_alive() and streamed[0].digest != layer["digest"]:
+                    raise RuntimeError(f"layer {tree} changed between its two passes: {exc}") from exc
+                raise
+            pipe.read()  # drains whatever a grown tree added, so that the producer ends
+        producer.join()
+        if failure:
+            raise failure[0]
+        got = (streamed[0].digest, streamed[0].size)
+        if got != (layer["digest"], layer["size"]):
+            raise RuntimeError(
+                f"layer {tree} changed between its two passes: {layer['digest']} became {got[0]}"
+            )
+
+
+def oci_archive(out: pathlib.Path, image: OciImage) -> pathlib.Path:
+    """Write `image` as an OCI archive file (for small images that are cached whole)."""
+    partial = out.with_name(out.name + ".partial")
+    with open(partial, "wb") as fh:
+        image.write_archive(fh)
     partial.rename(out)
     return out
 
@@ -166,11 +235,7 @@ def archive_ref(archive: pathlib.Path) -> tuple[str, str]:
 
 
 def _image_from_tree(out: pathlib.Path, name: str, root: pathlib.Path, config: dict) -> pathlib.Path:
-    layer = tar_layer(root, out.with_suffix(".layer.tar"))
-    try:
-        return oci_archive(out, name, [layer], config)
-    finally:
-        layer.unlink()
+    return oci_archive(out, OciImage(name, [root], config))
 
 
 def pause_archive(cache: pathlib.Path) -> pathlib.Path:

@@ -233,18 +233,56 @@ state = "{self.dir / "containerd-state"}"
             raise RuntimeError(f"ctr {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
         return proc
 
-    def import_image(self, archive: pathlib.Path) -> bool:
-        """Import an OCI archive under the name its index.json annotates; False when already there.
-
-        containerd's content store and snapshots outlive the node (see _claim_image_store), so an
-        image imported by an earlier run with the same manifest digest is not imported again.
-        """
-        name, digest = images.archive_ref(archive)
+    def has_image(self, name: str, manifest_digest: str) -> bool:
+        """Whether containerd holds image `name` at `manifest_digest`."""
         for line in self.ctr("images", "ls").stdout.splitlines()[1:]:
             fields = line.split()
-            if fields[:1] == [name] and digest in fields:
-                return False
-        self.ctr("images", "import", "--no-unpack=false", "--snapshotter=overlayfs", str(archive))
+            if fields[:1] == [name] and manifest_digest in fields:
+                return True
+        return False
+
+    def import_image(self, image: pathlib.Path | images.OciImage) -> bool:
+        """Import an OCI archive file, or stream an OciImage, under its name; False when already there.
+
+        containerd's content store and snapshots outlive the node (see _claim_image_store), so an
+        image imported by an earlier run with the same manifest digest is not imported again. Layers
+        are unpacked, then dropped from the content store (--discard-unpacked-layers, which only the
+        --local import takes): a multi-gigabyte image is kept once, as its snapshot, not twice.
+        """
+        name, digest = (
+            images.archive_ref(image)
+            if isinstance(image, pathlib.Path)
+            else (image.name, image.manifest_digest)
+        )
+        if self.has_image(name, digest):
+            return False
+        flags = ["--local", "--discard-unpacked-layers", "--snapshotter=overlayfs"]
+        if isinstance(image, pathlib.Path):
+            self.ctr("images", "import", *flags, str(image))
+            return True
+        command = [str(self.bin["ctr"]), f"--address={self.socket}", "--namespace=k8s.io"]
+        # ctr's output goes to a file: an unread pipe could fill and stall the stream.
+        with tempfile.TemporaryFile() as output:
+            proc = subprocess.Popen(
+                [*command, "images", "import", *flags, "-"],
+                stdin=subprocess.PIPE,
+                stdout=output,
+                stderr=output,
+            )
+            assert proc.stdin is not None
+            try:
+                image.write_archive(proc.stdin)
+            except BrokenPipeError:
+                pass  # ctr stopped reading: its exit status and output below say why
+            finally:
+                proc.stdin.close()
+                proc.wait(timeout=1800)
+            output.seek(0)
+            said = output.read().decode(errors="replace").strip()
+        if proc.returncode != 0:
+            raise RuntimeError(f"ctr images import - failed ({proc.returncode}): {said}")
+        if not self.has_image(name, digest):
+            raise RuntimeError(f"ctr images import - did not import {name}@{digest}: {said}")
         return True
 
     def _claim_image_store(self) -> None:

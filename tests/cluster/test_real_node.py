@@ -12,7 +12,6 @@ import base64
 import json
 import os
 import pathlib
-import shutil
 import time
 
 import pytest
@@ -20,21 +19,9 @@ import pytest
 from cifar10_kfp.storage.embedded import EmbeddedObjectStore
 from tests.support.cluster import gobuild, images, trainimage, versions
 from tests.support.cluster.node import NODE_LABEL, NODE_TOLERATION, RealNode
+from tests.support.cluster.prerequisites import missing_for_real_node
 
-
-def _missing_prerequisite() -> str | None:
-    if os.geteuid() != 0:
-        return "a real node needs root (containerd, runc, cgroups, a bridge)"
-    if shutil.which("gcc") is None:
-        return "gcc is missing: the sandbox (pause) image is compiled from the kubernetes module's pause.c"
-    if not pathlib.Path("/usr/include/seccomp.h").is_file():
-        return "libseccomp-dev is missing: runc is built with seccomp (apt-get install libseccomp-dev)"
-    if not pathlib.Path("/bin/busybox").is_file():
-        return "busybox-static is missing: the smoke pods' image (apt-get install busybox-static)"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_missing_prerequisite() is not None, reason=str(_missing_prerequisite()))
+pytestmark = pytest.mark.skipif(missing_for_real_node() is not None, reason=str(missing_for_real_node()))
 
 
 # Module scope: the node leaves the control plane after these tests, so the kwok-based tests that
@@ -251,7 +238,6 @@ def _job_finished(cp, node) -> dict:
 
 @pytest.mark.timeout(2400)  # first run: the component image is built (~4 min) and imported
 @pytest.mark.skipif(not DATASET.is_file(), reason="the CIFAR-10 archive of ../shared is missing")
-@pytest.mark.skipif(shutil.which("debootstrap") is None, reason="debootstrap is missing: the image's base")
 def test_standalone_train_job_completes_on_the_real_node(
     control_plane, real_node, train_image, store, tmp_path
 ):

@@ -3,8 +3,10 @@
     python -m tests.support.cluster [--trainer 2.3|2.2|none] [--gpu-nodes N] [--cpu-nodes N] [--kfp]
 
 `--kfp` (`make cluster-full`) adds the real KFP 2.17.0 backend (kfp.py) with an embedded object
-store as its artifact store, and prints KF_PIPELINES_ENDPOINT and the MINIO_* settings that reach
-that store from this machine, so `cifar10-kfp submit`, `schedule` and `runs` work against it.
+store as its artifact store, and a real node (node.py) on which runs' pods really run, with what
+they need around them (kfppods.py: ML Metadata, the images, seaweedfs.kubeflow:9000). It prints
+KF_PIPELINES_ENDPOINT and the MINIO_* settings that reach that store from this machine, so
+`cifar10-kfp submit`, `schedule` and `runs` work against it.
 
 It prints `export KUBECONFIG=...` (as `cifar10-kfp store` prints MINIO_*): paste it into another
 shell and point kubectl or `cifar10-kfp doctor` at the cluster. Pods stay Running until told
@@ -64,9 +66,24 @@ def main(argv: list[str] | None = None) -> int:
 def _start_kfp(cp, services: contextlib.ExitStack) -> None:
     from cifar10_kfp.storage.embedded import EmbeddedObjectStore
     from tests.support.cluster.kfp import BUCKET, KfpBackend
+    from tests.support.cluster.prerequisites import missing_for_real_node
 
     store = services.enter_context(EmbeddedObjectStore(cp.dir / "kfp-store", bucket=BUCKET))
-    backend = services.enter_context(KfpBackend(cp, store))
+    pod_defaults = None
+    missing = missing_for_real_node()
+    if missing:
+        print(f"no real node ({missing}): runs' pods go to kwok nodes and never run")
+    else:
+        from tests.support.cluster.kfppods import KfpPods
+        from tests.support.cluster.node import RealNode
+
+        node = services.enter_context(RealNode(cp))
+        print(f"real node {node.name} up in {node.started_in_s:.0f} s; importing the images (minutes, once)")
+        pods = services.enter_context(KfpPods(cp, node, store, cp.dir / "kfp-pods"))
+        pod_defaults = pods.pod_defaults()
+    backend = services.enter_context(KfpBackend(cp, store, pod_defaults=pod_defaults))
+    if pod_defaults:
+        pods.connect(backend)
     print(f"KFP {versions.KFP} backend up in {backend.started_in_s:.0f} s; logs in {backend.dir / 'logs'}")
     print(f"export KF_PIPELINES_ENDPOINT={backend.endpoint}")
     for key, value in store.env().items():

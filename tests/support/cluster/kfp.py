@@ -31,20 +31,18 @@ import urllib.error
 import urllib.request
 
 from tests.support.cluster import gobuild, procs, sources, versions
+from tests.support.cluster.kfpimages import ARGOEXEC_IMAGE, DRIVER_IMAGE, LAUNCHER_IMAGE
 from tests.support.mariadb import MariaDB
 
 NAMESPACE = "kubeflow"
 BUCKET = "mlpipeline"
 _KFP_TREE = f"kfp-{versions.KFP}"
 _ARGO_TREE = f"argo-workflows-{versions.ARGO}"
-DRIVER_IMAGE = f"ghcr.io/kubeflow/kfp-driver:{versions.KFP}"
-LAUNCHER_IMAGE = f"ghcr.io/kubeflow/kfp-launcher:{versions.KFP}"
-ARGOEXEC_IMAGE = f"quay.io/argoproj/argoexec:{versions.ARGO}"
 _START_TIMEOUT_S = 180
 _BINARIES = ("kfp-apiserver", "kfp-persistence-agent", "kfp-scheduledworkflow", "workflow-controller")
 
 
-def _workflow_controller_config(host_aliases: list[dict] | None) -> dict[str, str]:
+def _workflow_controller_config(pod_defaults: dict | None) -> dict[str, str]:
     # As KFP's manifests/kustomize/third-party/argo/base/workflow-controller-configmap-patch.yaml,
     # minus the artifact repository (KFP v2 artifacts go through the launcher, not Argo).
     executor = {
@@ -60,17 +58,21 @@ def _workflow_controller_config(host_aliases: list[dict] | None) -> dict[str, st
     spec: dict = {
         "ttlStrategy": {"secondsAfterCompletion": 3600},
         "templateDefaults": {"retryStrategy": {"limit": "2", "retryPolicy": "OnError"}},
+        # Where a run's pods go and what they resolve (kfppods.py): Workflow-wide spec fields.
+        **(pod_defaults or {}),
     }
-    if host_aliases:
-        spec["hostAliases"] = host_aliases
     return {"executor": json.dumps(executor), "workflowDefaults": json.dumps({"spec": spec})}
 
 
 class KfpBackend:
-    """Start with `with KfpBackend(cp, store) as kfp:`; `kfp.endpoint` is the REST API for kfp.Client."""
+    """Start with `with KfpBackend(cp, store) as kfp:`; `kfp.endpoint` is the REST API for kfp.Client.
 
-    def __init__(self, cp, store, host_aliases: list[dict] | None = None):
-        self.cp, self.store, self.host_aliases = cp, store, host_aliases
+    `pod_defaults` are Workflow spec fields (hostAliases, nodeSelector, tolerations) that Argo's
+    workflowDefaults gives every run, so that its pods can run on the real node (kfppods.py).
+    """
+
+    def __init__(self, cp, store, pod_defaults: dict | None = None):
+        self.cp, self.store, self.pod_defaults = cp, store, pod_defaults
         self.dir = cp.dir / "kfp"
         self.procs: dict[str, procs.Process] = {}
         self.db: MariaDB | None = None
@@ -160,7 +162,7 @@ class KfpBackend:
                 "apiVersion": "v1",
                 "kind": "ConfigMap",
                 "metadata": {"name": "workflow-controller-configmap"},
-                "data": _workflow_controller_config(self.host_aliases),
+                "data": _workflow_controller_config(self.pod_defaults),
             }  # fmt: skip
         )
 

@@ -1,0 +1,168 @@
+"""A KFP run that really runs: the real KFP 2.17.0 backend, Argo v4.0.5 and real pods (issue 24, 3.3).
+
+`cifar10-kfp submit` uploads the committed `cifar10-training` pipeline to the real KFP API server.
+The real Argo controller runs the Workflow that the API server made, and every step's pods (Argo's
+init and wait containers, KFP's driver, the launcher and our component image) run on the real node
+(kubelet, containerd, runc). The driver and launcher record into ML Metadata (the upstream C++ store,
+mlmd.py) and the steps write to the embedded object store, which the pods reach as
+`seaweedfs.kubeflow:9000`, as the compiled pipeline says (kfppods.py tells how).
+
+The run is the issue's tiny configuration: 1,000 training images, 1 epoch, num_gpus=0.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+
+import pytest
+
+from cifar10_kfp.runs import read_summary
+from cifar10_kfp.storage.embedded import EmbeddedObjectStore
+from tests.support.cli import command, user_env
+from tests.support.cluster import kfp as kfp_harness
+from tests.support.cluster.kfppods import KfpPods
+from tests.support.cluster.node import RealNode
+from tests.support.cluster.prerequisites import missing_for_real_node
+from tests.support.paths import ROOT
+
+DATASET = ROOT.parent / "shared" / "datasets" / "cifar10-jpeg.tar.gz"
+DATASET_URI = f"s3://{kfp_harness.BUCKET}/datasets/cifar10-jpeg.tar.gz"
+TINY = (
+    "max_train_samples=1000",
+    "max_test_samples=500",
+    "epochs=1",
+    "num_gpus=0",
+    f"dataset_uri={DATASET_URI}",
+)
+_RUN_ID = re.compile(r"run ([0-9a-f-]{36}) submitted")
+_RUN_TIMEOUT_S = 1500
+
+pytestmark = [
+    pytest.mark.skipif(missing_for_real_node() is not None, reason=str(missing_for_real_node())),
+    pytest.mark.skipif(not DATASET.is_file(), reason="the CIFAR-10 archive of ../shared is missing"),
+]
+
+
+@pytest.fixture(scope="module")
+def kfp_on_node(control_plane, tmp_path_factory):
+    """The KFP backend whose runs' pods run on a real node; yields (backend, store)."""
+    from tests.cluster import conftest  # the closing table's timings
+
+    work = tmp_path_factory.mktemp("kfp-real")
+    # Workflows of earlier tests (test_kfp_backend's, whose pods sat on kwok nodes) must not be
+    # picked up again by this backend's Argo controller.
+    for kind in ("scheduledworkflows", "workflows"):
+        control_plane.kubectl("delete", kind, "--all", "-n", kfp_harness.NAMESPACE, "--wait=false")
+    with EmbeddedObjectStore(work / "s3", bucket=kfp_harness.BUCKET) as store:
+        store.store().put_file(DATASET, DATASET_URI)
+        with RealNode(control_plane) as node, KfpPods(control_plane, node, store, work / "pods") as pods:
+            for what, seconds in pods.timings.items():
+                conftest._TIMINGS[f"KFP pods: {what}"] = seconds
+            with kfp_harness.KfpBackend(control_plane, store, pod_defaults=pods.pod_defaults()) as backend:
+                pods.connect(backend)
+                yield backend, store, node
+
+
+def _cli(backend, store, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    env = user_env(KF_PIPELINES_ENDPOINT=backend.endpoint, **store.env())
+    done = subprocess.run(command(*args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"cifar10-kfp {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
+    return done
+
+
+def _run_row(backend, store, run_id: str) -> dict | None:
+    rows = json.loads(_cli(backend, store, "runs", "--json", "--limit", "50").stdout)
+    return next((row for row in rows if row["run_id"] == run_id), None)
+
+
+def _diagnose(cp, run_id: str) -> str:
+    """The Workflow's failed nodes and the last log lines of its pods that did not succeed."""
+    listing = cp.kubectl(
+        "get", "workflows", "-n", kfp_harness.NAMESPACE, "-l", f"pipeline/runid={run_id}", "-o", "json"
+    )
+    lines = []
+    for wf in json.loads(listing.stdout or "{}").get("items", []):
+        status = wf.get("status", {})
+        lines.append(f"workflow {wf['metadata']['name']}: {status.get('phase')} {status.get('message', '')}")
+        for node in status.get("nodes", {}).values():
+            if node.get("phase") not in ("Succeeded", "Skipped", "Omitted") and node.get("type") == "Pod":
+                lines.append(f"  {node.get('displayName')}: {node.get('phase')} {node.get('message', '')}")
+                for container in ("main", "wait", "init", "kfp-launcher"):
+                    logs = cp.kubectl(
+                        "logs", "-n", kfp_harness.NAMESPACE, node["id"], "-c", container, "--tail=25"
+                    )
+                    if logs.stdout.strip():
+                        lines.append(f"    [{container}] " + logs.stdout.strip().replace("\n", "\n    "))
+    return "\n".join(lines)
+
+
+def _wait_for_run(cp, backend, store, run_id: str, timeout_s: float = _RUN_TIMEOUT_S) -> dict:
+    deadline = time.monotonic() + timeout_s
+    row = None
+    while time.monotonic() < deadline:
+        row = _run_row(backend, store, run_id)
+        if row and row["state"] in ("SUCCEEDED", "FAILED", "CANCELED", "SKIPPED"):
+            break
+        time.sleep(10)
+    assert row is not None and row["state"] == "SUCCEEDED", f"run {run_id}: {row}\n{_diagnose(cp, run_id)}"
+    return row
+
+
+@pytest.mark.timeout(3000)  # a cold machine builds and imports the component image first
+def test_a_training_run_succeeds_on_real_pods(control_plane, kfp_on_node):
+    backend, store, node = kfp_on_node
+    done = _cli(
+        backend, store, "submit", "--pipeline", "training", *(p for kv in TINY for p in ("--param", kv))
+    )
+    run_id = _RUN_ID.search(done.stdout).group(1)
+    row = _wait_for_run(control_plane, backend, store, run_id)
+
+    # Every pod of the run ran on the real node, and each step's container really exited 0.
+    pods = json.loads(
+        control_plane.kubectl_ok(
+            "get", "pods", "-n", kfp_harness.NAMESPACE, "-l", f"pipeline/runid={run_id}", "-o", "json"
+        ).stdout
+    )["items"]
+    assert pods and {p["spec"]["nodeName"] for p in pods} == {node.name}
+    # `cifar10-kfp runs` shows the run with its metrics, read from the summary the run wrote.
+    summary = read_summary(store.store(), run_id)
+    assert summary is not None and summary["status"] == "SUCCEEDED", summary
+    assert row["test_accuracy"] == summary["metrics"]["test_accuracy"]
+    assert 0.0 <= row["test_accuracy"] <= 1.0
+
+
+def _fired_run_ids(cp) -> list[str]:
+    got = cp.kubectl(
+        "get", "workflows", "-n", kfp_harness.NAMESPACE,
+        "-l", "scheduledworkflows.kubeflow.org/isOwnedByScheduledWorkflow=true", "-o", "json",
+    )  # fmt: skip
+    items = json.loads(got.stdout or "{}").get("items", [])
+    return [
+        item["metadata"]["labels"]["pipeline/runid"]
+        for item in items
+        if "pipeline/runid" in item["metadata"]["labels"]
+    ]
+
+
+@pytest.mark.timeout(2400)
+def test_a_recurring_run_fires_on_schedule_and_its_run_succeeds(control_plane, kfp_on_node):
+    backend, store, _ = kfp_on_node
+    # Every 30 s, one run at a time: later firings wait while the first run is going.
+    _cli(
+        backend, store, "schedule", "--name", "tiny-every-30s", "--cron", "*/30 * * * * *",
+        "--no-catchup", "--max-concurrency", "1", *(p for kv in TINY for p in ("--param", kv)),
+    )  # fmt: skip
+    try:
+        fired: list[str] = []
+        control_plane.wait_for(
+            "the first firing of the recurring run",
+            lambda: bool(fired.extend(_fired_run_ids(control_plane)) or fired),
+            timeout_s=120,
+        )
+        row = _wait_for_run(control_plane, backend, store, fired[0])
+    finally:
+        _cli(backend, store, "schedule", "--disable", "tiny-every-30s")
+    assert row["test_accuracy"] is not None

@@ -1,0 +1,107 @@
+"""What a KFP run's pods on the real node need around them, so that the run can really succeed.
+
+The KFP 2.17.0 API server writes into every Workflow the addresses its pods dial:
+
+- the driver: `--ml_pipeline_server_address ml-pipeline.kubeflow.svc.cluster.local` port 8887 and
+  `--mlmd_server_address metadata-grpc-service.kubeflow.svc.cluster.local` port 8080
+  (backend/src/v2/compiler/argocompiler/container.go, from v2/config and v2/metadata env.go);
+- the launcher: the same, and the artifact store at `seaweedfs.kubeflow:9000` with the
+  `mlpipeline-minio-artifact` secret (backend/src/v2/objectstore/config.go,
+  DefaultEndpointInMultiUserMode), which our compiled pipelines also use;
+- Argo's executor, the driver and the launcher: the Kubernetes API at the `kubernetes` Service.
+
+There is no cluster DNS and no kube-proxy here. So every name above resolves, through the Workflow
+defaults' hostAliases, to the node's bridge address, where a relay on each port leads to the host
+process behind it. The `kubernetes` Service's ClusterIP is relayed from the host's loopback
+(clusterip.py). ML Metadata is the stand-in served from upstream's C++ store (mlmd.py). The images
+the pods start are imported into the node first: the driver, launcher and argoexec (kfpimages.py)
+and the component image under the name the committed YAML uses (trainimage.py).
+
+Use: `pods = KfpPods(cp, node, store, work_dir)`, then `KfpBackend(cp, store, pod_defaults=
+pods.pod_defaults())`, then `pods.connect(backend)` once its API server listens.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import time
+
+from tests.support.cluster import clusterip, gobuild, kfpimages, mlmd, procs, trainimage
+from tests.support.cluster.node import HOST_IP, NODE_LABEL, NODE_TOLERATION
+
+NAMESPACE = "kubeflow"
+#: The Services a run's pods dial by name (the short and the full form), and their ports.
+SERVICES = {
+    "ml-pipeline": (8887, 8888),
+    "metadata-grpc-service": (8080,),
+    "seaweedfs": (9000,),
+    "minio-service": (9000,),  # the name of KFP before 2.15, still in its no_proxy default
+}
+
+
+def host_names() -> list[str]:
+    names = []
+    for service in SERVICES:
+        names += [
+            f"{service}.{NAMESPACE}",
+            f"{service}.{NAMESPACE}.svc",
+            f"{service}.{NAMESPACE}.svc.cluster.local",
+        ]
+    return names
+
+
+class KfpPods:
+    """ML Metadata, the relays and the images that a KFP run's pods on `node` need; a context manager."""
+
+    def __init__(self, cp, node, store, work_dir: pathlib.Path):
+        self.cp, self.node, self.store, self.dir = cp, node, store, pathlib.Path(work_dir)
+        self.mlmd: mlmd.MlmdServer | None = None
+        self._api_relay: clusterip.ClusterIpRelay | None = None
+        self.timings: dict[str, float] = {}
+
+    def __enter__(self) -> KfpPods:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        self.mlmd = mlmd.MlmdServer("127.0.0.1", procs.free_port(), self.dir / "mlmd.sqlite").start()
+        self.node.expose(self.mlmd.port, 8080)
+        self.node.expose(int(self.store.endpoint.rsplit(":", 1)[1]), 9000)
+        self._api_relay = clusterip.kubernetes_service(self.cp)
+        self.timings["ML Metadata + relays"] = time.monotonic() - started
+        started = time.monotonic()
+        kfpimages.import_all(self.node)
+        self.timings["driver, launcher, argoexec images"] = time.monotonic() - started
+        started = time.monotonic()
+        trainimage.ensure_imported(self.node, gobuild.cache_root() / "images")
+        self.timings["component image (build + import, or cache hit)"] = time.monotonic() - started
+
+    def pod_defaults(self) -> dict:
+        """Workflow spec defaults: names resolve to the node's bridge, pods go to the real node."""
+        return {
+            "hostAliases": [{"ip": HOST_IP, "hostnames": host_names()}],
+            "nodeSelector": {NODE_LABEL: "true"},
+            "tolerations": [NODE_TOLERATION],
+        }
+
+    def connect(self, backend) -> None:
+        """Relay ml-pipeline's gRPC (8887) and REST (8888) ports to `backend` (a KfpBackend)."""
+        self.node.expose(backend.grpc_port, 8887)
+        self.node.expose(backend.http_port, 8888)
+
+    def stop(self) -> None:
+        if self._api_relay is not None:
+            self._api_relay.close()
+            self._api_relay = None
+        if self.mlmd is not None:
+            self.mlmd.stop()
+            self.mlmd = None

@@ -30,6 +30,7 @@ task but the single-node train step gets ``NVIDIA_VISIBLE_DEVICES=void`` (see ``
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 
 from cifar10_kfp_components.image import image as default_image
@@ -62,6 +63,28 @@ RUN_ID_FIELD_PATH = (
 )
 
 
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(m|k|M|G|T|P|Ki|Mi|Gi|Ti|Pi)?$")
+_SCALE = {None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
+          "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}  # fmt: skip
+
+
+def _quantity(flag: str, text: str) -> float:
+    """The value of Kubernetes quantity ``text`` (``500m``, ``2``, ``4Gi``); ValueError naming ``flag``."""
+    match = _QUANTITY.match(text)
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(f"{flag} {text!r}: not a positive Kubernetes quantity such as 500m, 2, 512Mi or 4Gi")
+    return float(match.group(1)) * _SCALE[match.group(2)]
+
+
+def request_and_limit(flag: str, text: str) -> tuple[str, str]:
+    """``REQUEST[:LIMIT]`` of a ``--*-cpu``/``--*-memory`` flag; the limit defaults to the request."""
+    request, _, limit = text.partition(":")
+    limit = limit or request
+    if _quantity(flag, request) > _quantity(flag, limit):
+        raise ValueError(f"{flag} {text!r}: the request {request} is above the limit {limit}")
+    return request, limit
+
+
 @dataclass(frozen=True)
 class Resources:
     """CPU and memory for a task, as Kubernetes quantities."""
@@ -70,6 +93,17 @@ class Resources:
     cpu_limit: str
     memory_request: str
     memory_limit: str
+
+    def with_flags(self, prefix: str, cpu: str | None, memory: str | None) -> Resources:
+        """A copy with ``--<prefix>-cpu`` / ``--<prefix>-memory`` (``REQUEST[:LIMIT]``) applied."""
+        out = self
+        if cpu:
+            request, limit = request_and_limit(f"--{prefix}-cpu", cpu)
+            out = replace(out, cpu_request=request, cpu_limit=limit)
+        if memory:
+            request, limit = request_and_limit(f"--{prefix}-memory", memory)
+            out = replace(out, memory_request=request, memory_limit=limit)
+        return out
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,20 @@ def add_policy_flags(parser: argparse.ArgumentParser) -> None:
         "--strict-credentials", action="store_true",
         help="every step refuses standalone KFP's well-known default credentials (by default: accepted with a warning)",
     )  # fmt: skip
+    resources = parser.add_argument_group(
+        "resources", "Kubernetes requests and limits, as REQUEST[:LIMIT] (the limit defaults to the request)"
+    )
+    resources.add_argument(
+        "--train-cpu", metavar="REQ[:LIM]",
+        help="CPU of the single-node train step (default 4:8); e.g. 1 to train on a small CPU node",
+    )  # fmt: skip
+    resources.add_argument(
+        "--train-memory", metavar="REQ[:LIM]", help="memory of the train step (default 16Gi:32Gi)"
+    )
+    resources.add_argument("--step-cpu", metavar="REQ[:LIM]", help="CPU of every other step (default 1:2)")
+    resources.add_argument(
+        "--step-memory", metavar="REQ[:LIM]", help="memory of every other step (default 2Gi:8Gi)"
+    )
 
 
 def policy_from_args(args: argparse.Namespace):
@@ -102,7 +116,11 @@ def policy_from_args(args: argparse.Namespace):
         policy = replace(policy, strict_credentials=True)
     if getattr(args, "cache", None):
         policy = policy.with_cached_steps(args.cache)
-    return policy
+    return replace(
+        policy,
+        train_resources=policy.train_resources.with_flags("train", args.train_cpu, args.train_memory),
+        step_resources=policy.step_resources.with_flags("step", args.step_cpu, args.step_memory),
+    )
 
 
 def warn_if_unpublished_image(image: str, *, stream=None) -> bool:

@@ -37,6 +37,8 @@ TINY = (
     "num_gpus=0",
     f"dataset_uri={DATASET_URI}",
 )
+# The train step asks for 4 CPUs and 16Gi by default; this node has 2 cores (a user's small CPU pool too).
+SMALL_NODE = ("--train-cpu", "1", "--train-memory", "3Gi:6Gi")
 _RUN_ID = re.compile(r"run ([0-9a-f-]{36}) submitted")
 _RUN_TIMEOUT_S = 1500
 
@@ -115,7 +117,13 @@ def _wait_for_run(cp, backend, store, run_id: str, timeout_s: float = _RUN_TIMEO
 def test_a_training_run_succeeds_on_real_pods(control_plane, kfp_on_node):
     backend, store, node = kfp_on_node
     done = _cli(
-        backend, store, "submit", "--pipeline", "training", *(p for kv in TINY for p in ("--param", kv))
+        backend,
+        store,
+        "submit",
+        "--pipeline",
+        "training",
+        *SMALL_NODE,
+        *(p for kv in TINY for p in ("--param", kv)),
     )
     run_id = _RUN_ID.search(done.stdout).group(1)
     row = _wait_for_run(control_plane, backend, store, run_id)
@@ -153,7 +161,7 @@ def test_a_recurring_run_fires_on_schedule_and_its_run_succeeds(control_plane, k
     # Every 30 s, one run at a time: later firings wait while the first run is going.
     _cli(
         backend, store, "schedule", "--name", "tiny-every-30s", "--cron", "*/30 * * * * *",
-        "--no-catchup", "--max-concurrency", "1", *(p for kv in TINY for p in ("--param", kv)),
+        "--no-catchup", "--max-concurrency", "1", *SMALL_NODE, *(p for kv in TINY for p in ("--param", kv)),
     )  # fmt: skip
     try:
         fired: list[str] = []

@@ -285,3 +285,31 @@ def test_steps_that_must_not_be_cached_are_refused_with_the_reason(step, why, tm
 
     assert main(["compile", "--output-dir", str(tmp_path), "--cache", step]) == 2
     assert why in capsys.readouterr().err
+
+
+def test_resource_flags_size_the_train_and_other_steps_for_a_small_node(tmp_path):
+    """`--train-cpu 1 --train-memory 3Gi:6Gi` fits the train step on a 2-core CPU node (issue 24)."""
+    from cifar10_kfp_pipelines.cli import main
+
+    args = ["--train-cpu", "1", "--train-memory", "3Gi:6Gi", "--step-cpu", "500m:1", "--step-memory", "1Gi"]
+    assert main(["compile", "--output-dir", str(tmp_path), "--pipeline", "training", *args]) == 0
+    spec, _ = _load(tmp_path / "cifar10-training.yaml")
+    train = _executor(spec, "train-model")["resources"]
+    assert (train["resourceCpuRequest"], train["resourceCpuLimit"]) == ("1", "1")
+    assert (train["resourceMemoryRequest"], train["resourceMemoryLimit"]) == ("3Gi", "6Gi")
+    download = _executor(spec, "download-dataset")["resources"]
+    assert (download["resourceCpuRequest"], download["resourceCpuLimit"]) == ("500m", "1")
+    assert (download["resourceMemoryRequest"], download["resourceMemoryLimit"]) == ("1Gi", "1Gi")
+
+
+@pytest.mark.parametrize(("flag", "value", "why"), [
+    ("--train-cpu", "two", "--train-cpu 'two': not a positive Kubernetes quantity"),
+    ("--train-memory", "8Gi:4Gi", "--train-memory '8Gi:4Gi': the request 8Gi is above the limit 4Gi"),
+    ("--step-cpu", "0", "--step-cpu '0': not a positive Kubernetes quantity"),
+])  # fmt: skip
+def test_bad_resource_flags_are_refused_naming_the_value(flag, value, why, tmp_path, capsys):
+    from cifar10_kfp_pipelines.cli import main
+
+    assert main(["compile", "--output-dir", str(tmp_path), flag, value]) == 2
+    assert why in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())

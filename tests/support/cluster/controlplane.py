@@ -210,7 +210,7 @@ class ControlPlane:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--authorization-mode=Node,RBAC",
-            "--enable-admission-plugins=NodeRestriction,PodSecurity",
+            "--enable-admission-plugins=NodeRestriction,PodSecurity,PodTolerationRestriction",
             "--allow-privileged=true",
             "--profiling=false",
         ]

@@ -23,6 +23,7 @@ pods.pod_defaults())`, then `pods.connect(backend)` once its API server listens.
 
 from __future__ import annotations
 
+import json
 import pathlib
 import time
 
@@ -77,6 +78,7 @@ class KfpPods:
         self.node.expose(self.mlmd.port, 8080)
         self.node.expose(int(self.store.endpoint.rsplit(":", 1)[1]), 9000)
         self._api_relay = clusterip.kubernetes_service(self.cp)
+        self._tolerate_the_real_node()
         self.timings["ML Metadata + relays"] = time.monotonic() - started
         started = time.monotonic()
         kfpimages.import_all(self.node)
@@ -85,12 +87,28 @@ class KfpPods:
         trainimage.ensure_imported(self.node, gobuild.cache_root() / "images")
         self.timings["component image (build + import, or cache hit)"] = time.monotonic() - started
 
+    def _tolerate_the_real_node(self) -> None:
+        """Every pod of the namespace tolerates the real node's taint, through the namespace's default
+        tolerations (the PodTolerationRestriction admission plugin, plugin/pkg/admission/
+        podtolerationrestriction/admission.go, merges them into each new pod's own).
+
+        Not through the Workflow's tolerations: Argo takes a template's tolerations instead of the
+        Workflow's, and the train step has its own (the GPU toleration), so it would not get them.
+        """
+        if self.cp.kubectl("get", "namespace", NAMESPACE).returncode != 0:
+            self.cp.kubectl_ok("create", "namespace", NAMESPACE)
+        self.cp.kubectl_ok(
+            "annotate", "--overwrite", "namespace", NAMESPACE,
+            f"scheduler.alpha.kubernetes.io/defaultTolerations={json.dumps([NODE_TOLERATION])}",
+        )  # fmt: skip
+
     def pod_defaults(self) -> dict:
-        """Workflow spec defaults: names resolve to the node's bridge, pods go to the real node."""
+        """Workflow spec defaults: names resolve to the node's bridge, pods go to the real node.
+
+        No step of ours sets a node selector, so the Workflow's reaches every pod."""
         return {
             "hostAliases": [{"ip": HOST_IP, "hostnames": host_names()}],
             "nodeSelector": {NODE_LABEL: "true"},
-            "tolerations": [NODE_TOLERATION],
         }
 
     def connect(self, backend) -> None:

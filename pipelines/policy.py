@@ -149,6 +149,14 @@ class ClusterPolicy:
                 raise ValueError(f"--cache {step}: a cached {step} step would be wrong: {NEVER_CACHED[step]}")
         return replace(self, cached_steps=self.cached_steps | frozenset(extra))
 
+    def with_resources(self, *, train_cpu=None, train_memory=None, step_cpu=None, step_memory=None) -> ClusterPolicy:
+        """A copy with the ``REQUEST[:LIMIT]`` resource settings that are given (``--train-cpu 1``, ...)."""
+        return replace(
+            self,
+            train_resources=self.train_resources.with_flags("train", train_cpu, train_memory),
+            step_resources=self.step_resources.with_flags("step", step_cpu, step_memory),
+        )
+
     @classmethod
     def for_local(cls, minio_endpoint: str, *, minio_secure: bool = False) -> ClusterPolicy:
         """The policy ``run-local`` uses: the same settings, pointed at the local object store.

@@ -116,10 +116,8 @@ def policy_from_args(args: argparse.Namespace):
         policy = replace(policy, strict_credentials=True)
     if getattr(args, "cache", None):
         policy = policy.with_cached_steps(args.cache)
-    return replace(
-        policy,
-        train_resources=policy.train_resources.with_flags("train", args.train_cpu, args.train_memory),
-        step_resources=policy.step_resources.with_flags("step", args.step_cpu, args.step_memory),
+    return policy.with_resources(
+        train_cpu=args.train_cpu, train_memory=args.train_memory, step_cpu=args.step_cpu, step_memory=args.step_memory
     )
 
 

@@ -20,6 +20,7 @@ import pytest
 from tests.support.cluster import gobuild, versions
 from tests.support.cluster.controlplane import ControlPlane
 from tests.support.cluster.kubeflow import install_trainer
+from tests.support.cluster.stages import STAGES
 
 _STACKS = [
     s for s in os.environ.get("CIFAR10_KFP_CLUSTER_STACKS", ",".join(versions.TRAINER_STACKS)).split(",") if s
@@ -56,7 +57,24 @@ def cluster_namespace(control_plane):
 def pytest_runtest_logreport(report):
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
         outcome = report.outcome if report.when == "call" else f"{report.outcome} in setup"
+        if getattr(report, "wasxfail", None):
+            outcome = f"xfailed: {report.wasxfail}"
         _RESULTS.append((report.nodeid.split("::", 1)[-1], outcome, report.duration))
+
+
+def _stage_lines() -> list[str]:
+    """Issue 24's stages, each with the result of the scenarios that show it (stages.py)."""
+    lines = ["", f"{'stage':44} result", f"{'-' * 44} ------"]
+    for stage, scenarios in STAGES:
+        outcomes = [o for name, o, _ in _RESULTS if name.split("[", 1)[0] in scenarios]
+        if not outcomes:
+            verdict = "not run"
+        elif all(o == "passed" for o in outcomes):
+            verdict = f"passed ({len(outcomes)} scenarios)"
+        else:
+            verdict = next(o for o in outcomes if o != "passed")
+        lines.append(f"{stage:44} {verdict}")
+    return lines
 
 
 def _table_lines() -> list[str]:
@@ -72,7 +90,7 @@ def _table_lines() -> list[str]:
     width = max(len(name) for name, _, _ in _RESULTS)
     lines += ["", f"{'scenario':{width}} result", f"{'-' * width} ------"]
     lines += [f"{name:{width}} {outcome} ({duration:.1f} s)" for name, outcome, duration in _RESULTS]
-    return lines
+    return lines + _stage_lines()
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

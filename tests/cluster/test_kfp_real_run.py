@@ -13,6 +13,7 @@ The run is the issue's tiny configuration: 1,000 training images, 1 epoch, num_g
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -21,6 +22,7 @@ import pytest
 
 from cifar10_kfp.runs import read_summary
 from cifar10_kfp.storage.embedded import EmbeddedObjectStore
+from tests.support import notebook
 from tests.support.cli import command, user_env
 from tests.support.cluster import kfp as kfp_harness
 from tests.support.cluster.kfppods import KfpPods
@@ -140,6 +142,39 @@ def test_a_training_run_succeeds_on_real_pods(control_plane, kfp_on_node):
     assert summary is not None and summary["status"] == "SUCCEEDED", summary
     assert row["test_accuracy"] == summary["metrics"]["test_accuracy"]
     assert 0.0 <= row["test_accuracy"] <= 1.0
+
+
+@pytest.mark.timeout(1800)
+def test_the_notebooks_cluster_path_submits_a_run_that_succeeds(kfp_on_node, tmp_path, monkeypatch):
+    """notebooks/experiments.ipynb with KFP_HOST set: it submits through kfp.Client, waits, and reads
+    the run's results back from the store (issue 24, 3.3)."""
+    backend, store, _ = kfp_on_node
+    for key in [
+        k for k in os.environ if k.startswith(("MINIO_", "CIFAR10_KFP_", "KFP_HOST", "KF_PIPELINES"))
+    ]:
+        monkeypatch.delenv(key)
+    for key, value in {**store.env(), "KFP_HOST": backend.endpoint}.items():
+        monkeypatch.setenv(key, value)  # as a user exports them; the notebook itself holds no credential
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("MPLBACKEND", raising=False)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    values = {
+        "DATASET_URI": DATASET_URI, "PRESET": "seed", "ARCHITECTURE": "simple_cnn", "EPOCHS": 1,
+        "MAX_TRAIN_SAMPLES": 1000, "MAX_TEST_SAMPLES": 500, "RUNS": [{"lr": 0.01, "seed": 0}],
+        "MIN_ACCURACY": 0.0, "MODEL_NAME": "nb-on-the-cluster", "N_EXAMPLES": 6, "NUM_GPUS": 0,
+        "TRAIN_CPU": "1", "TRAIN_MEMORY": "3Gi:6Gi", "RUN_TIMEOUT_S": _RUN_TIMEOUT_S,
+        "OUTPUT_DIR": str(tmp_path / "nb-out"),
+    }  # fmt: skip
+    _, result = notebook.execute(values, tmp_path / "executed.ipynb", cell_timeout_s=_RUN_TIMEOUT_S + 200)
+
+    assert result["mode"] == "cluster"
+    assert result["statuses"] == ["SUCCEEDED"], result["errors"]
+    run_id = result["runs"]["run_id"][0]
+    row = _run_row(backend, store, run_id)  # a real KFP run, and KFP says it succeeded
+    assert row is not None and row["state"] == "SUCCEEDED", row
+    assert result["runs"]["test_accuracy"][0] == row["test_accuracy"]
+    assert result["shown"].startswith("published model 'nb-on-the-cluster'"), "MIN_ACCURACY=0 must publish"
+    assert result["per_class_shape"] == [10, 1] and result["n_predicted"] == 6
 
 
 def _fired_run_ids(cp) -> list[str]:

@@ -9,16 +9,16 @@ the notebook starts itself (no MINIO_* in the environment), then reads back what
 from __future__ import annotations
 
 import ast
-import json
 import os
 import re
 
 import nbformat
 import pytest
 
+from tests.support import notebook
 from tests.support.paths import ROOT
 
-NOTEBOOK = ROOT / "notebooks" / "experiments.ipynb"
+NOTEBOOK = notebook.NOTEBOOK
 CREDENTIAL_PATTERNS = [
     re.compile(p, re.IGNORECASE)
     for p in (
@@ -33,13 +33,11 @@ CREDENTIAL_PATTERNS = [
 
 
 def _notebook():
-    return nbformat.read(NOTEBOOK, as_version=4)
+    return notebook.load()
 
 
 def _parameters_cell_index(nb) -> int:
-    tagged = [i for i, cell in enumerate(nb.cells) if "parameters" in cell.metadata.get("tags", [])]
-    assert len(tagged) == 1, "exactly one cell must be tagged 'parameters' (papermill convention)"
-    return tagged[0]
+    return notebook.parameters_cell_index(nb)
 
 
 def test_notebook_is_valid_and_committed_without_outputs():
@@ -196,38 +194,11 @@ TINY = {
     "N_EXAMPLES": 6,
     "KFP_HOST": "",
 }
-# Appended after the notebook's last cell: what the test asserts on, read from the kernel's state.
-PROBE = """
-import json as _json
-print("PROBE " + _json.dumps({
-    "mode": MODE,
-    "statuses": [s["status"] for s in summaries],
-    "errors": [s.get("error", "") for s in summaries],
-    "runs": runs.reset_index().to_dict(orient="list"),
-    "history_epochs": {k: v["epoch"].tolist() for k, v in histories.items()},
-    "per_class_shape": list(per_class_accuracy.shape),
-    "per_class_min": float(per_class_accuracy.min().min()),
-    "per_class_max": float(per_class_accuracy.max().max()),
-    "shown": shown,
-    "n_predicted": int(len(predicted)),
-    "classes": preprocess.class_names,
-    "store_stopped": embedded is None or not embedded.running,
-}, default=str))
-"""
-
-
-def _inject_parameters(nb, values: dict) -> None:
-    """Papermill's way: a new cell right after the parameters cell, tagged injected-parameters."""
-    source = "# Parameters\n" + "\n".join(f"{name} = {value!r}" for name, value in values.items())
-    cell = nbformat.v4.new_code_cell(source)
-    cell.metadata["tags"] = ["injected-parameters"]
-    nb.cells.insert(_parameters_cell_index(nb) + 1, cell)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # a hang guard, far above the ~1-2 min a run takes: the verdict is the notebook's
 def test_notebook_runs_end_to_end_on_the_embedded_store(real_archive, tmp_path, monkeypatch):
-    from nbclient import NotebookClient
 
     from tests.support.datagen import make_real_subset_archive
 
@@ -238,22 +209,8 @@ def test_notebook_runs_end_to_end_on_the_embedded_store(real_archive, tmp_path, 
     monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel's inline backend (Agg inside) renders PNGs
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
 
-    nb = _notebook()
-    _inject_parameters(nb, {**TINY, "DATASET_URI": str(archive), "OUTPUT_DIR": str(tmp_path / "nb-out")})
-    nb.cells.append(nbformat.v4.new_code_cell(PROBE))
-    client = NotebookClient(
-        nb,
-        timeout=900,  # per cell; a hang guard, not a speed requirement
-        kernel_name="python3",
-        resources={"metadata": {"path": str(ROOT / "notebooks")}},  # where Jupyter would start it
-    )
-    try:
-        client.execute()
-    finally:  # kept for a look after a failure: pytest's tmp_path of this test
-        nbformat.write(nb, tmp_path / "executed.ipynb")
-
-    probe_output = "".join(o.get("text", "") for o in nb.cells[-1].outputs if o.get("name") == "stdout")
-    result = json.loads(probe_output.split("PROBE ", 1)[1])
+    values = {**TINY, "DATASET_URI": str(archive), "OUTPUT_DIR": str(tmp_path / "nb-out")}
+    nb, result = notebook.execute(values, tmp_path / "executed.ipynb")
     assert result["mode"] == "local"
     assert result["statuses"] == ["SUCCEEDED", "SUCCEEDED"], result["errors"]
     runs = result["runs"]

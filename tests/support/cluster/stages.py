@@ -1,0 +1,24 @@
+"""The stages of issue 24 ("the pipeline runs for real") and the scenarios of `make test-cluster`
+that show each one; the closing table prints a result per stage (tests/cluster/conftest.py)."""
+
+from __future__ import annotations
+
+STAGES: list[tuple[str, set[str]]] = [
+    ("1 a real node (kubelet, containerd, runc, CNI)", {
+        "test_real_node_registers_with_pinned_versions", "test_pod_runs_to_succeeded_on_the_real_node",
+        "test_failing_container_fails_the_pod_with_its_exit_code", "test_pod_reaches_the_host_through_the_bridge",
+    }),
+    ("2 images without a registry", {
+        "test_pod_runs_to_succeeded_on_the_real_node", "test_standalone_train_job_completes_on_the_real_node",
+        "test_a_training_run_succeeds_on_real_pods",
+    }),
+    ("3.1 the standalone Job", {"test_standalone_train_job_completes_on_the_real_node"}),
+    ("3.2 a 2-node TrainJob (first need: pod DNS)", {"test_pods_resolve_a_headless_service_name"}),
+    ("3.3 a KFP run SUCCEEDED on real pods", {"test_a_training_run_succeeds_on_real_pods"}),
+    ("3.3 a recurring run fired and succeeded", {"test_a_recurring_run_fires_on_schedule_and_its_run_succeeds"}),
+    ("3.3 the notebook's cluster path", {"test_the_notebooks_cluster_path_submits_a_run_that_succeeds"}),
+    ("3.4 the Workflow the real backend made", {
+        "test_training_workflow_keeps_gpu_secrets_retries_and_caching", "test_no_cache_submission_caches_nothing",
+        "test_other_pipelines_keep_secrets_on_every_step",
+    }),
+]  # fmt: skip

@@ -149,7 +149,9 @@ class ClusterPolicy:
                 raise ValueError(f"--cache {step}: a cached {step} step would be wrong: {NEVER_CACHED[step]}")
         return replace(self, cached_steps=self.cached_steps | frozenset(extra))
 
-    def with_resources(self, *, train_cpu=None, train_memory=None, step_cpu=None, step_memory=None) -> ClusterPolicy:
+    def with_resources(
+        self, *, train_cpu=None, train_memory=None, step_cpu=None, step_memory=None
+    ) -> ClusterPolicy:
         """A copy with the ``REQUEST[:LIMIT]`` resource settings that are given (``--train-cpu 1``, ...)."""
         return replace(
             self,

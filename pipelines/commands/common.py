@@ -117,7 +117,10 @@ def policy_from_args(args: argparse.Namespace):
     if getattr(args, "cache", None):
         policy = policy.with_cached_steps(args.cache)
     return policy.with_resources(
-        train_cpu=args.train_cpu, train_memory=args.train_memory, step_cpu=args.step_cpu, step_memory=args.step_memory
+        train_cpu=args.train_cpu,
+        train_memory=args.train_memory,
+        step_cpu=args.step_cpu,
+        step_memory=args.step_memory,
     )
 
 

@@ -30,7 +30,7 @@ print("PROBE " + _json.dumps({
     "shown": shown,
     "n_predicted": int(len(predicted)),
     "classes": preprocess.class_names,
-    "store_stopped": embedded is None or not embedded.running,
+    "store_stopped": globals().get("embedded") is None or not embedded.running,  # cluster mode: none
 }, default=str))
 """
 

@@ -64,7 +64,7 @@ def pytest_runtest_logreport(report):
 
 def _stage_lines() -> list[str]:
     """Issue 24's stages, each with the result of the scenarios that show it (stages.py)."""
-    lines = ["", f"{'stage':44} result", f"{'-' * 44} ------"]
+    lines = ["", f"{'stage':48} result", f"{'-' * 48} ------"]
     for stage, scenarios in STAGES:
         outcomes = [o for name, o, _ in _RESULTS if name.split("[", 1)[0] in scenarios]
         if not outcomes:
@@ -73,7 +73,7 @@ def _stage_lines() -> list[str]:
             verdict = f"passed ({len(outcomes)} scenarios)"
         else:
             verdict = next(o for o in outcomes if o != "passed")
-        lines.append(f"{stage:44} {verdict}")
+        lines.append(f"{stage:48} {verdict}")
     return lines
 
 

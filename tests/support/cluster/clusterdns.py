@@ -14,7 +14,8 @@ kubeadm ships, less what a host process cannot use:
 
 - `kubernetes cluster.local in-addr.arpa ip6.arpa` with `kubeconfig` (the admin identity; the
   plugin's `endpoint` is ignored when a kubeconfig is given, whose server address wins) and
-  `pods insecure`;
+  `pods insecure`, and `ttl 5` (kubeadm's is 30): a name asked for before its pod has an address
+  is answered NXDOMAIN, and that answer is cached for the TTL, which JobSet's node 1 would wait out;
 - `forward . /etc/resolv.conf` (the host's resolver for every other name) and `cache 30`;
 - `ready` and `health` on free ports of 127.0.0.1: start() waits until CoreDNS reports ready
   (the kubernetes plugin has synced with the API server).
@@ -69,7 +70,7 @@ def corefile(ip: str, kubeconfig: pathlib.Path, ready_port: int, health_port: in
         kubeconfig {kubeconfig}
         pods insecure
         fallthrough in-addr.arpa ip6.arpa
-        ttl 30
+        ttl 5
     }}
     forward . /etc/resolv.conf
     cache 30

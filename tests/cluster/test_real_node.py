@@ -18,6 +18,7 @@ import pytest
 
 from cifar10_kfp.storage.embedded import EmbeddedObjectStore
 from tests.support.cluster import gobuild, images, trainimage, versions
+from tests.support.cluster.clusterdns import ClusterDns
 from tests.support.cluster.node import NODE_LABEL, NODE_TOLERATION, RealNode
 from tests.support.cluster.prerequisites import missing_for_real_node
 
@@ -30,7 +31,8 @@ pytestmark = pytest.mark.skipif(missing_for_real_node() is not None, reason=str(
 def real_node(control_plane):
     from tests.cluster import conftest  # the closing table's timings
 
-    with RealNode(control_plane) as node:
+    with ClusterDns(control_plane) as dns, RealNode(control_plane, cluster_dns=dns.ip) as node:
+        conftest._TIMINGS["cluster DNS (CoreDNS) start"] = dns.started_in_s
         conftest._TIMINGS["real node start"] = node.started_in_s
         node.import_image(images.busybox_archive(gobuild.cache_root() / "images"))
         yield node
@@ -118,16 +120,21 @@ def test_pod_reaches_the_host_through_the_bridge(control_plane, real_node, clust
 
 def test_pods_resolve_a_headless_service_name(control_plane, real_node, cluster_namespace):
     """What stage 3.2 (a 2-node TrainJob on real pods) needs first: JobSet's pods find each other by
-    the DNS names of a headless Service. This node has no cluster DNS, so the test records the exact
-    answer a pod gets as an expected failure (the closing table's 3.2 row shows it). It passes, and
-    strict xfail is not involved, once a cluster DNS is wired in."""
+    the DNS names of a headless Service. The node's pods get CoreDNS (clusterdns.py) as their
+    nameserver; without it a pod has the host's resolv.conf and the test records the exact answer
+    it gets as an expected failure."""
     service = {
         "apiVersion": "v1", "kind": "Service", "metadata": {"name": "peers"},
         "spec": {"clusterIP": "None", "selector": {"app": "peers"}, "ports": [{"port": 29400}]},
     }  # fmt: skip
     control_plane.kubectl_ok("apply", "-n", cluster_namespace, "-f", "-", input=json.dumps(service))
     name = f"peers.{cluster_namespace}.svc.cluster.local"
-    pod = _pod("resolver", real_node, f"nslookup {name}; echo exit=$?")
+    # The pod is its own Service's endpoint: the EndpointSlice (and so CoreDNS) may name it a moment
+    # after its container starts, so the lookup is tried for up to 20 s.
+    script = (
+        f"ok=1; for i in $(seq 20); do if nslookup {name}; then ok=0; break; fi; sleep 1; done; echo exit=$ok"
+    )
+    pod = _pod("resolver", real_node, script)
     pod["metadata"]["labels"] = {"app": "peers"}
     _run_pod(control_plane, cluster_namespace, pod, "Succeeded")
     answer = control_plane.kubectl_ok("logs", "-n", cluster_namespace, "resolver").stdout.strip()

@@ -210,7 +210,9 @@ class ControlPlane:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--authorization-mode=Node,RBAC",
-            "--enable-admission-plugins=NodeRestriction,PodSecurity,PodTolerationRestriction",
+            # PodTolerationRestriction and PodNodeSelector: a namespace's annotations send its pods to the
+            # real node (its toleration and its label), for pods whose spec the tests do not write.
+            "--enable-admission-plugins=NodeRestriction,PodSecurity,PodTolerationRestriction,PodNodeSelector",
             "--allow-privileged=true",
             "--profiling=false",
         ]

@@ -69,8 +69,10 @@ def _node_name_and_address(name: str | None) -> tuple[str, str]:
 class RealNode:
     """A kubelet + containerd node registered with `cp`; `name`, `host_ip`, `ctr(...)`, `import_image(...)`."""
 
-    def __init__(self, cp, name: str | None = None):
+    def __init__(self, cp, name: str | None = None, cluster_dns: str | None = None):
         self.cp = cp
+        # The pods' nameserver (clusterdns.ClusterDns.ip); None: the host's resolv.conf, no cluster names.
+        self.cluster_dns = cluster_dns
         self.name, self.kubelet_address = _node_name_and_address(name)
         self.host_ip = HOST_IP
         # Short: containerd's and the shims' unix sockets live under it.
@@ -362,6 +364,8 @@ state = "{self.dir / "containerd-state"}"
             "fileCheckFrequency": "5s",
             "registerWithTaints": [NODE_TAINT],
         }
+        if self.cluster_dns:
+            config.update(clusterDNS=[self.cluster_dns], clusterDomain="cluster.local")
         path = self.dir / "kubelet-config.json"
         path.write_text(json.dumps(config, indent=1))
         return path

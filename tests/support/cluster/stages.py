@@ -13,7 +13,9 @@ STAGES: list[tuple[str, set[str]]] = [
         "test_a_training_run_succeeds_on_real_pods",
     }),
     ("3.1 the standalone Job", {"test_standalone_train_job_completes_on_the_real_node"}),
-    ("3.2 a 2-node TrainJob (first need: pod DNS)", {"test_pods_resolve_a_headless_service_name"}),
+    ("3.2 a 2-node TrainJob on real pods (gloo)", {
+        "test_pods_resolve_a_headless_service_name", "test_a_two_node_trainjob_completes_on_real_pods_with_a_model",
+    }),
     ("3.3 a KFP run SUCCEEDED on real pods", {"test_a_training_run_succeeds_on_real_pods"}),
     ("3.3 a recurring run fired and succeeded", {"test_a_recurring_run_fires_on_schedule_and_its_run_succeeds"}),
     ("3.3 the notebook's cluster path", {"test_the_notebooks_cluster_path_submits_a_run_that_succeeds"}),

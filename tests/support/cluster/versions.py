@@ -18,6 +18,8 @@ downloaded from anywhere else. Why these versions:
 - The real node: the kubelet at the control plane's release; containerd v2.4.2, runc v1.5.3 and the
   CNI plugins v1.10.0, the newest releases the proxy serves (containerd 2.4 speaks the CRI v1 the
   v1.36 kubelet requires).
+- CoreDNS v1.15.0: the cluster DNS of the real node's pods (clusterdns.py), the newest release the
+  proxy serves; its go.mod has no replace directives, so it builds in its own module directory.
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ KFP = "2.17.0"
 KFP_MODULE = "github.com/kubeflow/pipelines"
 ARGO = "v4.0.5"
 ARGO_MODULE = "github.com/argoproj/argo-workflows/v4"
+# The real node's cluster DNS (clusterdns.py).
+COREDNS = "v1.15.0"
+COREDNS_MODULE = "github.com/coredns/coredns"
 #: The CNI plugins the node's bridge network uses, by their directory under plugins/.
 NODE_CNI_PLUGINS = {"bridge": "main", "loopback": "main", "host-local": "ipam", "portmap": "meta"}
 
@@ -173,6 +178,8 @@ _ALL: tuple[GoBinary, ...] = (
         cgo=True,
     ),
     *(_cni(name, kind) for name, kind in NODE_CNI_PLUGINS.items()),
+    # The pods' cluster DNS: coredns.go is the main package at the module root.
+    GoBinary("coredns", COREDNS_MODULE, COREDNS, COREDNS_MODULE),
     # The KFP backend. The API server links go-sqlite3 (its storage package uses sqlite3's error
     # type), which needs cgo; the driver and launcher are static netgo builds, as upstream's
     # backend/Dockerfile.driver and Dockerfile.launcher make them.

@@ -82,24 +82,51 @@ def _run_row(backend, store, run_id: str) -> dict | None:
     return next((row for row in rows if row["run_id"] == run_id), None)
 
 
-def _diagnose(cp, run_id: str) -> str:
-    """The Workflow's failed nodes and the last log lines of its pods that did not succeed."""
+def _pod_logs(cp, pod: str) -> list[str]:
+    lines = []
+    for container in ("main", "wait", "init"):
+        logs = cp.kubectl("logs", "-n", kfp_harness.NAMESPACE, pod, "-c", container, "--tail=12")
+        if logs.stdout.strip():
+            lines.append(f"    [{container}] " + logs.stdout.strip().replace("\n", "\n    "))
+    return lines
+
+
+def _failed_pods(cp, workflow: str) -> list[str]:
+    """The workflow's pods that ended Failed, with their last log lines (Argo names pods, not node IDs)."""
+    got = cp.kubectl(
+        "get", "pods", "-n", kfp_harness.NAMESPACE, "-l", f"workflows.argoproj.io/workflow={workflow}", "-o", "json"
+    )  # fmt: skip
+    lines = []
+    for pod in json.loads(got.stdout or "{}").get("items", [])[:4]:
+        if pod["status"].get("phase") == "Failed":
+            lines.append(f"  pod {pod['metadata']['name']}: Failed")
+            lines.extend(_pod_logs(cp, pod["metadata"]["name"]))
+    return lines
+
+
+def _controller_lines(backend, workflow: str) -> list[str]:
+    """The Argo controller's warnings and errors about the workflow: why a node was marked Error."""
+    log = backend.dir / "logs" / "workflow-controller.log"
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    hits = [ln for ln in text.splitlines() if workflow in ln and re.search(r"level=(warn|error)|Error", ln)]
+    return [f"  [workflow-controller] {ln[:400]}" for ln in hits[-15:]]
+
+
+def _diagnose(cp, backend, run_id: str) -> str:
+    """The Workflow's unfinished nodes, its failed pods' last log lines and the controller's errors."""
     listing = cp.kubectl(
         "get", "workflows", "-n", kfp_harness.NAMESPACE, "-l", f"pipeline/runid={run_id}", "-o", "json"
     )
     lines = []
     for wf in json.loads(listing.stdout or "{}").get("items", []):
-        status = wf.get("status", {})
-        lines.append(f"workflow {wf['metadata']['name']}: {status.get('phase')} {status.get('message', '')}")
+        name, status = wf["metadata"]["name"], wf.get("status", {})
+        lines.append(f"workflow {name}: {status.get('phase')} {status.get('message', '')}")
         for node in status.get("nodes", {}).values():
-            if node.get("phase") not in ("Succeeded", "Skipped", "Omitted") and node.get("type") == "Pod":
-                lines.append(f"  {node.get('displayName')}: {node.get('phase')} {node.get('message', '')}")
-                for container in ("main", "wait", "init", "kfp-launcher"):
-                    logs = cp.kubectl(
-                        "logs", "-n", kfp_harness.NAMESPACE, node["id"], "-c", container, "--tail=25"
-                    )
-                    if logs.stdout.strip():
-                        lines.append(f"    [{container}] " + logs.stdout.strip().replace("\n", "\n    "))
+            if node.get("phase") not in ("Succeeded", "Skipped", "Omitted"):
+                lines.append(
+                    f"  {node.get('type')} {node.get('displayName')}: {node.get('phase')} {node.get('message', '')}"
+                )
+        lines += _failed_pods(cp, name) + _controller_lines(backend, name)
     return "\n".join(lines)
 
 
@@ -111,7 +138,9 @@ def _wait_for_run(cp, backend, store, run_id: str, timeout_s: float = _RUN_TIMEO
         if row and row["state"] in ("SUCCEEDED", "FAILED", "CANCELED", "SKIPPED"):
             break
         time.sleep(10)
-    assert row is not None and row["state"] == "SUCCEEDED", f"run {run_id}: {row}\n{_diagnose(cp, run_id)}"
+    assert row is not None and row["state"] == "SUCCEEDED", (
+        f"run {run_id}: {row}\n{_diagnose(cp, backend, run_id)}"
+    )
     return row
 
 

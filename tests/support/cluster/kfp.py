@@ -30,6 +30,8 @@ import time
 import urllib.error
 import urllib.request
 
+import yaml
+
 from tests.support.cluster import gobuild, procs, sources, versions
 from tests.support.cluster.kfpimages import ARGOEXEC_IMAGE, DRIVER_IMAGE, LAUNCHER_IMAGE
 from tests.support.mariadb import MariaDB
@@ -132,7 +134,15 @@ class KfpBackend:
                     self.cp.kubectl("get", "crd", crd, "-o", f"jsonpath={query}").stdout == "True"
                 ),
             )
-        self.cp.kubectl("create", "namespace", NAMESPACE)
+        # The namespace as KFP installs it (manifests/kustomize/cluster-scoped-resources/namespace.yaml):
+        # Pod Security `baseline` enforced, `restricted` only warned about. Applied over an existing one,
+        # so a label another test left (test_manifests_dry_run enforces `restricted`, which refuses the
+        # component pods KFP makes, as their container does not set runAsNonRoot) is put back.
+        namespace = yaml.safe_load(
+            (self.kfp_tree / "manifests/kustomize/cluster-scoped-resources/namespace.yaml").read_text()
+        )
+        namespace["metadata"]["name"] = NAMESPACE  # the kustomize variable kfp-cluster-scoped-namespace
+        self.cp.kubectl_ok("apply", "-f", "-", input=json.dumps(namespace))
         pipeline = self.kfp_tree / "manifests/kustomize/base/pipeline"
         for name in (
             "pipeline-runner-sa.yaml",

@@ -96,11 +96,13 @@ def _failed_pods(cp, workflow: str) -> list[str]:
     got = cp.kubectl(
         "get", "pods", "-n", kfp_harness.NAMESPACE, "-l", f"workflows.argoproj.io/workflow={workflow}", "-o", "json"
     )  # fmt: skip
+    failed = [
+        p for p in json.loads(got.stdout or "{}").get("items", []) if p["status"].get("phase") == "Failed"
+    ]
     lines = []
-    for pod in json.loads(got.stdout or "{}").get("items", [])[:4]:
-        if pod["status"].get("phase") == "Failed":
-            lines.append(f"  pod {pod['metadata']['name']}: Failed")
-            lines.extend(_pod_logs(cp, pod["metadata"]["name"]))
+    for pod in failed[:4]:  # the first few say why; a retried node repeats the same refusal
+        lines.append(f"  pod {pod['metadata']['name']}: Failed")
+        lines.extend(_pod_logs(cp, pod["metadata"]["name"]))
     return lines
 
 

@@ -20,6 +20,7 @@ RESTRICTED = ("pod-security.kubernetes.io/enforce=restricted", "pod-security.kub
 
 
 _SHARED_NAMESPACES = ("kubeflow", "team-a")  # later modules run pods there: their labels are put back
+_RESTRICTED_KEYS = [kv.split("=")[0] for kv in RESTRICTED]
 
 
 def _labels(cp, name: str) -> dict | None:
@@ -37,8 +38,7 @@ def _shared_namespaces_put_back(control_plane):
         if _labels(control_plane, name) is None:
             continue
         labels = labels or {}  # a namespace the test created keeps no label it added
-        keys = [kv.split("=")[0] for kv in RESTRICTED]
-        args = [f"{k}={labels[k]}" if k in labels else f"{k}-" for k in keys]
+        args = [f"{k}={labels[k]}" if k in labels else f"{k}-" for k in _RESTRICTED_KEYS]
         control_plane.kubectl_ok("label", "namespace", name, "--overwrite", *args)
 
 

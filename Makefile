@@ -42,7 +42,7 @@ run: $(STAMP) ## run the whole training pipeline locally (kfp.local) on the embe
 REGISTRY_TESTS := tests/model_registry
 
 tools: $(STAMP) ## build the Go tools the tests use (kustomize) from their modules, once; cached in ~/.cache/cifar10-kfp
-	$(PY) -m tests.support.cluster.gobuild kustomize
+	$(PY) -m localcluster.gobuild kustomize
 
 test: $(STAMP) tools ## run the whole test suite (tests/cluster and tests/model_registry run in their own targets)
 	$(PY) -m pytest --ignore=tests/cluster --ignore=$(REGISTRY_TESTS) $(PYTEST_ARGS)
@@ -51,22 +51,22 @@ test-fast: $(STAMP) tools ## run the tests not marked slow
 	$(PY) -m pytest --ignore=tests/cluster --ignore=$(REGISTRY_TESTS) -m "not slow and not reliability" $(PYTEST_ARGS)
 
 cluster-build: $(STAMP) ## build the real control plane's Go binaries (once per version, cached in ~/.cache/cifar10-kfp)
-	$(PY) -m tests.support.cluster.gobuild --all
+	$(PY) -m localcluster.gobuild --all
 
 test-cluster: cluster-build ## run tests/cluster against a real control plane, Trainer and JobSet on 127.0.0.1
 	$(PY) -m pytest tests/cluster --timeout=900 $(PYTEST_ARGS)
 
 cluster: cluster-build ## start the real control plane + Trainer in the foreground; prints export KUBECONFIG=...
-	$(PY) -m tests.support.cluster $(CLUSTER_ARGS)
+	$(PY) -m localcluster $(CLUSTER_ARGS)
 
 cluster-full: cluster-build ## as cluster, plus the real KFP 2.17.0 backend and its object store; prints KF_PIPELINES_ENDPOINT and MINIO_*
-	$(PY) -m tests.support.cluster --kfp $(CLUSTER_ARGS)
+	$(PY) -m localcluster --kfp $(CLUSTER_ARGS)
 
 test-registry: $(STAMP) ## the tests against a real Kubeflow Model Registry server (needs mariadb-server and go)
 	$(PY) -m pytest $(REGISTRY_TESTS) $(PYTEST_ARGS)
 
 model-registry: $(STAMP) ## build (once) and run Kubeflow Model Registry with its own MariaDB, in the foreground
-	$(PY) -m tests.support.model_registry
+	$(PY) -m localcluster.model_registry
 
 compile: $(STAMP) ## compile the pipelines to pipelines/compiled/*.yaml
 	$(CLI) compile --output-dir pipelines/compiled

@@ -1,6 +1,6 @@
 """Session fixtures of the real control-plane suite (`make test-cluster`) and its closing table.
 
-`control_plane`: one real control plane for the session (tests/support/cluster/controlplane.py).
+`control_plane`: one real control plane for the session (localcluster/controlplane.py).
 `trainer_stack`: the real JobSet + Trainer managers installed on it, parametrised over the two
 pinned pairs ("2.2", "2.3"); pytest runs every test of one stack before installing the next, and
 the stack's CRDs, webhooks and runtime are removed in between. CIFAR10_KFP_CLUSTER_STACKS=2.3
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cluster import gobuild, versions
-from tests.support.cluster.controlplane import ControlPlane
-from tests.support.cluster.kubeflow import install_trainer
-from tests.support.cluster.stages import STAGES
+from localcluster import gobuild, versions
+from localcluster.controlplane import ControlPlane
+from localcluster.kubeflow import install_trainer
+from tests.cluster.stages import STAGES
 
 _STACKS = [
     s for s in os.environ.get("CIFAR10_KFP_CLUSTER_STACKS", ",".join(versions.TRAINER_STACKS)).split(",") if s

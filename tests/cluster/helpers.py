@@ -1,7 +1,7 @@
 """What the project-side tests of the real control plane share: API clients, TrainJob requests, waiting.
 
 The fixtures (`control_plane`, `trainer_stack`, `namespace`) come from tests/cluster/conftest.py and the
-harness in tests/support/cluster/; nothing here stands in for a cluster component.
+harness in localcluster/; nothing here stands in for a cluster component.
 """
 
 from __future__ import annotations

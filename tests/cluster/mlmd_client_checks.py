@@ -1,6 +1,6 @@
 """Calls to the ML Metadata stand-in through ml_metadata's own gRPC client; prints what came back as JSON.
 
-Runs in the ml-metadata venv (tests/support/cluster/mlmd.py), not in the project's, so it imports
+Runs in the ml-metadata venv (localcluster/mlmd.py), not in the project's, so it imports
 only ml_metadata and the standard library. test_mlmd_standin.py runs it and asserts on its output:
 
     python mlmd_client_checks.py scenario HOST:PORT   # types, context, artifacts, executions, events, errors

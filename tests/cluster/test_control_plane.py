@@ -14,7 +14,7 @@ import json
 import pytest
 import yaml
 
-from tests.support.cluster import gobuild, versions
+from localcluster import gobuild, versions
 
 
 def _pod(name: str, gpus: int = 0) -> dict:

@@ -1,6 +1,6 @@
 """The real KFP 2.17.0 backend turns our compiled pipelines into Argo Workflows (issue 24, stages 3.3-3.4).
 
-`cifar10-kfp submit` and `schedule` talk to the real KFP API server (tests/support/cluster/kfp.py),
+`cifar10-kfp submit` and `schedule` talk to the real KFP API server (localcluster/kfp.py),
 which compiles our IR into an Argo Workflow with its own argocompiler (backend/src/v2/compiler/
 argocompiler) and creates it on the real control plane, where the real Argo workflow controller
 picks it up. The assertions read that Workflow object: the place where GPU requests, tolerations,
@@ -23,8 +23,8 @@ import pytest
 import yaml
 
 from cifar10_kfp.storage.embedded import EmbeddedObjectStore
+from localcluster import kfp as kfp_harness
 from tests.support.cli import command, user_env
-from tests.support.cluster import kfp as kfp_harness
 from tests.support.paths import ROOT
 
 _RUN_ID = re.compile(r"run ([0-9a-f-]{36}) submitted")

@@ -22,12 +22,12 @@ import pytest
 
 from cifar10_kfp.runs import read_summary
 from cifar10_kfp.storage.embedded import EmbeddedObjectStore
+from localcluster import kfp as kfp_harness
+from localcluster.kfppods import KfpPods
+from localcluster.node import RealNode
+from localcluster.prerequisites import missing_for_real_node
 from tests.support import notebook
 from tests.support.cli import command, user_env
-from tests.support.cluster import kfp as kfp_harness
-from tests.support.cluster.kfppods import KfpPods
-from tests.support.cluster.node import RealNode
-from tests.support.cluster.prerequisites import missing_for_real_node
 from tests.support.paths import ROOT
 
 DATASET = ROOT.parent / "shared" / "datasets" / "cifar10-jpeg.tar.gz"

@@ -1,4 +1,4 @@
-"""The ML Metadata stand-in (tests/support/cluster/mlmd_server.py) answers ml_metadata's own gRPC client.
+"""The ML Metadata stand-in (localcluster/mlmd_server.py) answers ml_metadata's own gRPC client.
 
 The client runs in the ml-metadata venv (mlmd_client_checks.py): types, a context, artifacts and an
 execution with custom properties, events, attributions, read back through the server, and the
@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from tests.support.cluster import mlmd, procs
+from localcluster import mlmd, procs
 
 CHECKS = pathlib.Path(__file__).resolve().parent / "mlmd_client_checks.py"
 

@@ -17,10 +17,10 @@ import time
 import pytest
 
 from cifar10_kfp.storage.embedded import EmbeddedObjectStore
-from tests.support.cluster import gobuild, images, trainimage, versions
-from tests.support.cluster.clusterdns import ClusterDns
-from tests.support.cluster.node import NODE_LABEL, NODE_TOLERATION, RealNode
-from tests.support.cluster.prerequisites import missing_for_real_node
+from localcluster import gobuild, images, trainimage, versions
+from localcluster.clusterdns import ClusterDns
+from localcluster.node import NODE_LABEL, NODE_TOLERATION, RealNode
+from localcluster.prerequisites import missing_for_real_node
 
 pytestmark = pytest.mark.skipif(missing_for_real_node() is not None, reason=str(missing_for_real_node()))
 

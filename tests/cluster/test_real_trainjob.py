@@ -25,11 +25,11 @@ import pytest
 from cifar10_kfp.storage.embedded import EmbeddedObjectStore
 from cifar10_kfp.train.config import make_config
 from cifar10_kfp.trainjob import TrainJobRequest, build_trainjob
+from localcluster import gobuild, trainimage
+from localcluster.clusterdns import ClusterDns
+from localcluster.node import NODE_LABEL, NODE_TOLERATION, RealNode
+from localcluster.prerequisites import missing_for_real_node
 from tests.cluster.helpers import condition, node_index, pods_of, wait_until
-from tests.support.cluster import gobuild, trainimage
-from tests.support.cluster.clusterdns import ClusterDns
-from tests.support.cluster.node import NODE_LABEL, NODE_TOLERATION, RealNode
-from tests.support.cluster.prerequisites import missing_for_real_node
 
 pytestmark = pytest.mark.skipif(missing_for_real_node() is not None, reason=str(missing_for_real_node()))
 

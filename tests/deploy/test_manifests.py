@@ -113,7 +113,7 @@ def test_schema_validation_catches_a_broken_job():
 
 def _kustomize(folder: Path) -> list[dict]:
     """``kustomize build`` of a folder, with kustomize built from its Go module (once; cached outside the repo)."""
-    from tests.support.cluster.gobuild import ensure_binary
+    from localcluster.gobuild import ensure_binary
 
     kustomize = ensure_binary("kustomize")  # `make test` builds it first (the `tools` target)
     result = subprocess.run(

@@ -1,4 +1,4 @@
-"""The OCI archive the real node imports (tests/support/cluster/images.py), streamed from layer trees.
+"""The OCI archive the real node imports (localcluster/images.py), streamed from layer trees.
 
 The component image is never written whole: its layers are hashed in one pass and streamed in a
 second. These tests read the streamed archive back as containerd would: every blob must match its
@@ -15,7 +15,7 @@ import tarfile
 
 import pytest
 
-from tests.support.cluster import images
+from localcluster import images
 
 
 def _tree(root, files: dict[str, bytes]):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.model_registry import ModelRegistryServer
+from localcluster.model_registry import ModelRegistryServer
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 from model_registry import ModelRegistry
 
-from tests.support.model_registry import API_PREFIX, ModelRegistryServer
+from localcluster.model_registry import API_PREFIX, ModelRegistryServer
 
 
 def _client(server: ModelRegistryServer) -> ModelRegistry:

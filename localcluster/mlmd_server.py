@@ -14,7 +14,7 @@ enumerated from the service descriptor, through that call, on an SQLite database
 MetadataStoreServiceImpl does, one store serves all requests under one lock, and an error's
 canonical code (absl and gRPC codes are the same numbers) becomes the call's gRPC status code.
 
-Runs inside the ml-metadata virtualenv (tests/support/cluster/mlmd.py builds it), so it imports
+Runs inside the ml-metadata virtualenv (localcluster/mlmd.py builds it), so it imports
 only ml_metadata, grpc and the standard library:
 
     python mlmd_server.py serve --host 127.0.0.1 --port 8080 --db /path/mlmd.sqlite

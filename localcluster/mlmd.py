@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 
-from tests.support.cluster import gobuild, procs
+from localcluster import gobuild, procs
 
 MLMD_VERSION = "1.17.1"
 # The full closure of ml-metadata 1.17.1, pinned exactly (protobuf<5, absl-py<2, attrs<24 are its

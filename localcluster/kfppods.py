@@ -27,8 +27,8 @@ import json
 import pathlib
 import time
 
-from tests.support.cluster import clusterip, gobuild, kfpimages, mlmd, procs, trainimage
-from tests.support.cluster.node import HOST_IP, NODE_LABEL, NODE_TOLERATION
+from localcluster import clusterip, gobuild, kfpimages, mlmd, procs, trainimage
+from localcluster.node import HOST_IP, NODE_LABEL, NODE_TOLERATION
 
 NAMESPACE = "kubeflow"
 #: The Services a run's pods dial by name (the short and the full form), and their ports.

@@ -1,6 +1,6 @@
 """`make cluster`: the real control plane (and a Trainer stack) in the foreground until Ctrl-C.
 
-    python -m tests.support.cluster [--trainer 2.3|2.2|none] [--gpu-nodes N] [--cpu-nodes N] [--kfp]
+    python -m localcluster [--trainer 2.3|2.2|none] [--gpu-nodes N] [--cpu-nodes N] [--kfp]
 
 `--kfp` (`make cluster-full`) adds the real KFP 2.17.0 backend (kfp.py) with an embedded object
 store as its artifact store, and a real node (node.py) on which runs' pods really run, with what
@@ -21,15 +21,13 @@ import signal
 import sys
 import threading
 
-from tests.support.cluster import gobuild, versions
-from tests.support.cluster.controlplane import ControlPlane
-from tests.support.cluster.kubeflow import install_trainer
+from localcluster import gobuild, versions
+from localcluster.controlplane import ControlPlane
+from localcluster.kubeflow import install_trainer
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tests.support.cluster", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m localcluster", description=__doc__.splitlines()[0])
     parser.add_argument("--trainer", default="2.3", choices=[*versions.TRAINER_STACKS, "none"])
     parser.add_argument("--cpu-nodes", type=int, default=2)
     parser.add_argument("--gpu-nodes", type=int, default=4)
@@ -65,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _start_kfp(cp, services: contextlib.ExitStack) -> None:
     from cifar10_kfp.storage.embedded import EmbeddedObjectStore
-    from tests.support.cluster.kfp import BUCKET, KfpBackend
-    from tests.support.cluster.prerequisites import missing_for_real_node
+    from localcluster.kfp import BUCKET, KfpBackend
+    from localcluster.prerequisites import missing_for_real_node
 
     store = services.enter_context(EmbeddedObjectStore(cp.dir / "kfp-store", bucket=BUCKET))
     pod_defaults = None
@@ -74,8 +72,8 @@ def _start_kfp(cp, services: contextlib.ExitStack) -> None:
     if missing:
         print(f"no real node ({missing}): runs' pods go to kwok nodes and never run")
     else:
-        from tests.support.cluster.kfppods import KfpPods
-        from tests.support.cluster.node import RealNode
+        from localcluster.kfppods import KfpPods
+        from localcluster.node import RealNode
 
         node = services.enter_context(RealNode(cp))
         print(f"real node {node.name} up in {node.started_in_s:.0f} s; importing the images (minutes, once)")

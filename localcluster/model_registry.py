@@ -1,7 +1,7 @@
 """A real Kubeflow Model Registry server with its own MariaDB, on 127.0.0.1, for tests and ``make model-registry``.
 
 The server is the Go program from the ``github.com/kubeflow/model-registry`` module, built once
-and cached outside the repository (``tests/support/cluster/gobuild.py``, pinned in ``versions.py``). It runs in its
+and cached outside the repository (``localcluster/gobuild.py``, pinned in ``versions.py``). It runs in its
 ``embedmd`` mode, as Kubeflow's manifests deploy it, against a MariaDB from Debian's
 ``mariadb-server`` package: a throwaway instance in a temporary data directory on a free port,
 run as the unprivileged ``mysql`` user when we are root. No password anywhere: the database
@@ -29,8 +29,8 @@ from cifar10_kfp.storage.embedded import (
     stop_process_group,
     wait_in_foreground,
 )
-from tests.support.cluster.gobuild import ensure_binary
-from tests.support.mariadb import MariaDB, preexec_session
+from localcluster.gobuild import ensure_binary
+from localcluster.mariadb import MariaDB, preexec_session
 
 # The REST API the pinned server serves; the pinned client ``model-registry==0.3.0`` calls it (clients up to
 # 0.3.8 do; 0.3.12 calls /api/model_registry/v1, which this server answers with 404).

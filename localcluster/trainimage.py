@@ -34,9 +34,9 @@ import tempfile
 
 from packaging.requirements import Requirement
 
-from tests.support.cluster import images
+from localcluster import images
 
-REPO = pathlib.Path(__file__).resolve().parents[3]
+REPO = pathlib.Path(__file__).resolve().parents[1]
 REQUIREMENTS = REPO / "images" / "train" / "requirements.txt"
 #: The name the committed YAML (deploy/, pipelines/compiled/) runs.
 IMAGE = "ghcr.io/cifar10-kfp/cifar10-kfp:0.1.0"

@@ -35,9 +35,9 @@ import tempfile
 import time
 import urllib.request
 
-from tests.support.cluster import gobuild, procs
-from tests.support.cluster.clusterip import _on_loopback
-from tests.support.cluster.controlplane import SERVICE_CIDR
+from localcluster import gobuild, procs
+from localcluster.clusterip import _on_loopback
+from localcluster.controlplane import SERVICE_CIDR
 
 CLUSTER_DOMAIN = "cluster.local"
 #: kubeadm's choice: the 10th address of the service CIDR (10.96.0.10 in kubeadm's default range).

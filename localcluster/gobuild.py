@@ -6,7 +6,7 @@ directory that is renamed into place, so a killed build never leaves a half-writ
 lock keeps two processes from building the same binary at once. Next to each binary, build.json
 records the recipe it was built from (a changed pin rebuilds it) and how long the first build took.
 
-`python -m tests.support.cluster.gobuild --all` builds everything (used by `make cluster-build`).
+`python -m localcluster.gobuild --all` builds everything (used by `make cluster-build`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 
-from tests.support.cluster import versions
+from localcluster import versions
 
 GOMOD_DIR = pathlib.Path(__file__).resolve().parent / "gomod"
 # Reproducible, static builds: no local paths in the binary (-trimpath), no VCS stamping, no cgo;
@@ -88,7 +88,7 @@ def _build_into(spec: versions.GoBinary, out_dir: pathlib.Path) -> None:
         _run_go(args, wrapper, _go_env(spec.cgo), what)
         return
     if spec.source:
-        from tests.support.cluster import sources  # sources uses this module's cache helpers
+        from localcluster import sources  # sources uses this module's cache helpers
 
         root = sources.ensure_tree(spec.source)
         rel = spec.package.removeprefix(spec.module).lstrip("/")

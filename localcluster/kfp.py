@@ -3,7 +3,7 @@
 Everything here is upstream code built from its pinned source (versions.py, sources.py), run as host
 processes with a kubeconfig, the way envtest runs kube-apiserver:
 
-- the KFP API server (gRPC + REST), with MySQL (Debian's MariaDB, tests/support/mariadb.py) and the
+- the KFP API server (gRPC + REST), with MySQL (Debian's MariaDB, localcluster/mariadb.py) and the
   embedded SeaweedFS as its object store;
 - the persistence agent, which copies Workflow status back into the KFP database;
 - the scheduled-workflow controller, which fires recurring runs;
@@ -32,9 +32,9 @@ import urllib.request
 
 import yaml
 
-from tests.support.cluster import gobuild, procs, sources, versions
-from tests.support.cluster.kfpimages import ARGOEXEC_IMAGE, DRIVER_IMAGE, LAUNCHER_IMAGE
-from tests.support.mariadb import MariaDB
+from localcluster import gobuild, procs, sources, versions
+from localcluster.kfpimages import ARGOEXEC_IMAGE, DRIVER_IMAGE, LAUNCHER_IMAGE
+from localcluster.mariadb import MariaDB
 
 NAMESPACE = "kubeflow"
 BUCKET = "mlpipeline"

@@ -18,7 +18,7 @@ import json
 import subprocess
 import urllib.parse
 
-from tests.support.cluster import relay
+from localcluster import relay
 
 
 def _on_loopback(ip: str) -> bool:

@@ -26,7 +26,7 @@ import tempfile
 import threading
 from typing import BinaryIO
 
-from tests.support.cluster import gobuild, versions
+from localcluster import gobuild, versions
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"

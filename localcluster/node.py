@@ -29,7 +29,7 @@ import subprocess
 import tempfile
 import time
 
-from tests.support.cluster import gobuild, images, nodeclean, procs, relay, versions
+from localcluster import gobuild, images, nodeclean, procs, relay, versions
 
 NODE_LABEL = "cifar10-kfp.dev/real-node"
 #: The node is tainted so that only pods meant for it (tolerating this) land there: the kwok-based

@@ -29,8 +29,8 @@ import urllib.request
 
 import yaml
 
-from tests.support.cluster import certs, gobuild, procs, versions
-from tests.support.cluster.controlplane import ControlPlane
+from localcluster import certs, gobuild, procs, versions
+from localcluster.controlplane import ControlPlane
 
 _WAIT_S = 180.0
 TORCH_RUNTIME = "torch-distributed"

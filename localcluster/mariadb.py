@@ -1,7 +1,7 @@
 """A throwaway MariaDB from Debian's ``mariadb-server`` package, for the harness's real servers.
 
-Used by the Model Registry harness (tests/support/model_registry.py) and the KFP backend
-(tests/support/cluster/kfp.py), as their upstream manifests deploy MySQL beside them. The instance
+Used by the Model Registry harness (localcluster/model_registry.py) and the KFP backend
+(localcluster/kfp.py), as their upstream manifests deploy MySQL beside them. The instance
 lives in a temporary data directory on a free loopback port, runs as the unprivileged ``mysql``
 user when we are root, and has no password anywhere: root logs in over the socket only, and each
 server gets its own passwordless user that may connect from 127.0.0.1 alone.

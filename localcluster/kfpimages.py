@@ -23,7 +23,7 @@ import pathlib
 import shutil
 import tempfile
 
-from tests.support.cluster import gobuild, images, sources, versions
+from localcluster import gobuild, images, sources, versions
 
 DRIVER_IMAGE = f"ghcr.io/kubeflow/kfp-driver:{versions.KFP}"
 LAUNCHER_IMAGE = f"ghcr.io/kubeflow/kfp-launcher:{versions.KFP}"

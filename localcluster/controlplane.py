@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 import time
 
-from tests.support.cluster import certs, gobuild, kwok_stages, procs, versions
+from localcluster import certs, gobuild, kwok_stages, procs, versions
 
 SERVICE_CIDR = "10.0.0.0/24"
 _START_TIMEOUT_S = 180.0

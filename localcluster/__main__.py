@@ -19,9 +19,9 @@ import argparse
 import contextlib
 import signal
 import sys
-import threading
+import time
 
-from localcluster import gobuild, versions
+from localcluster import gobuild, reaper, versions
 from localcluster.controlplane import ControlPlane
 from localcluster.kubeflow import install_trainer
 
@@ -37,9 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop_on_signals()
+    reaper.session_marker()  # from here on, whatever this process starts is undone if it is killed
     gobuild.build_all()
     with ControlPlane(
         cpu_nodes=args.cpu_nodes, gpu_nodes=args.gpu_nodes, auto_complete=args.auto_complete
@@ -47,17 +46,16 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"control plane up in {cp.started_in_s:.0f} s (Kubernetes {versions.KUBERNETES}); logs in {cp.dir / 'logs'}"
         )
-        stack = None
-        if args.trainer != "none":
-            stack = install_trainer(cp, args.trainer)
-            print(f"Trainer {stack.version} + JobSet {stack.jobset_version} up in {stack.started_in_s:.0f} s")
         with contextlib.ExitStack() as services:
+            if args.trainer != "none":
+                stack = install_trainer(cp, args.trainer)
+                services.callback(stack.stop)
+                print(
+                    f"Trainer {stack.version} + JobSet {stack.jobset_version} up in {stack.started_in_s:.0f} s"
+                )
             if args.kfp:
                 _start_kfp(cp, services)
-            _wait_for_stop(cp, stop)
-        if stack is not None:
-            stack.stop()
-    print("stopped")
+            _wait_for_stop(cp)
     return 0
 
 
@@ -88,14 +86,31 @@ def _start_kfp(cp, services: contextlib.ExitStack) -> None:
         print(f"export {key}={value}")
 
 
-def _wait_for_stop(cp, stop: threading.Event) -> None:
+def stop_on_signals() -> None:
+    """Ctrl-C and SIGTERM both unwind the `with` blocks, during start-up too; a second signal is
+    ignored so that the stop itself runs to its end (the reaper finishes it after a SIGKILL)."""
+
+    def stop(signum, _frame):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
+
+
+def _wait_for_stop(cp) -> None:
     kubectl = gobuild.ensure_binary("kubectl")
     print(f"\nexport KUBECONFIG={cp.kubeconfig}")
     print(f"alias kubectl={kubectl}")
     print("\nPress Ctrl-C to stop and delete everything.", flush=True)
-    while not stop.wait(1.0):
-        pass
+    while True:
+        time.sleep(3600)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("stopped")
+        sys.exit(0)

@@ -29,13 +29,11 @@ from __future__ import annotations
 import ipaddress
 import json
 import pathlib
-import shutil
 import subprocess
-import tempfile
 import time
 import urllib.request
 
-from localcluster import gobuild, procs
+from localcluster import gobuild, procs, reaper
 from localcluster.clusterip import _on_loopback
 from localcluster.controlplane import SERVICE_CIDR
 
@@ -85,7 +83,7 @@ class ClusterDns:
         if ipaddress.ip_address(ip) not in ipaddress.ip_network(SERVICE_CIDR):
             raise ValueError(f"cluster DNS address {ip} is outside the service CIDR {SERVICE_CIDR}")
         self.cp, self.ip = cp, ip
-        self.dir = pathlib.Path(tempfile.mkdtemp(prefix="c10dns-", dir="/tmp"))
+        self.dir = reaper.temporary_dir("c10dns-")
         self.proc: procs.Process | None = None
         self._added_ip = False
         self.started_in_s: float | None = None
@@ -112,6 +110,7 @@ class ClusterDns:
                 text=True,
                 check=True,
             )
+            reaper.track_command(self._undo_ip)
             self._added_ip = True
         ready_port, health_port = procs.free_port(), procs.free_port()
         path = self.dir / "Corefile"
@@ -140,10 +139,15 @@ class ClusterDns:
             self.proc.stop()
             self.proc = None
         if self._added_ip:
-            subprocess.run(["ip", "addr", "del", f"{self.ip}/32", "dev", "lo"], capture_output=True)
+            subprocess.run(self._undo_ip, capture_output=True)
+            reaper.untrack("command", self._undo_ip)
             self._added_ip = False
         # The Service stays: the address is reserved for the control plane's lifetime.
-        shutil.rmtree(self.dir, ignore_errors=True)
+        reaper.remove_dir(self.dir)
+
+    @property
+    def _undo_ip(self) -> list[str]:
+        return ["ip", "addr", "del", f"{self.ip}/32", "dev", "lo"]
 
 
 def _http_ok(url: str) -> bool:

@@ -18,7 +18,7 @@ import json
 import subprocess
 import urllib.parse
 
-from localcluster import relay
+from localcluster import reaper, relay
 
 
 def _on_loopback(ip: str) -> bool:
@@ -39,15 +39,21 @@ class ClusterIpRelay:
             subprocess.run(
                 ["ip", "addr", "add", f"{ip}/32", "dev", "lo"], capture_output=True, text=True, check=True
             )
+            reaper.track_command(self._undo)
         try:
             self.relay = relay.Relay((ip, port), target)
         except OSError:
             self._remove_address()
             raise
 
+    @property
+    def _undo(self) -> list[str]:
+        return ["ip", "addr", "del", f"{self.ip}/32", "dev", "lo"]
+
     def _remove_address(self) -> None:
         if self.added:
-            subprocess.run(["ip", "addr", "del", f"{self.ip}/32", "dev", "lo"], capture_output=True)
+            subprocess.run(self._undo, capture_output=True)
+            reaper.untrack("command", self._undo)
             self.added = False
 
     def close(self) -> None:

@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 import time
 
-from localcluster import certs, gobuild, kwok_stages, procs, versions
+from localcluster import certs, gobuild, kwok_stages, procs, reaper, versions
 
 SERVICE_CIDR = "10.0.0.0/24"
 _START_TIMEOUT_S = 180.0
@@ -41,6 +41,8 @@ class ControlPlane:
         self.auto_complete = auto_complete
         self._own_dir = state_dir is None
         self.dir = pathlib.Path(state_dir or tempfile.mkdtemp(prefix="cifar10-kfp-cluster-"))
+        if self._own_dir:
+            reaper.track_dir(self.dir)
         self.procs: dict[str, procs.Process] = {}
         self.server = ""
         self.kubeconfig = self.dir / "admin.kubeconfig"
@@ -105,6 +107,7 @@ class ControlPlane:
         self._stop_processes()
         if self._own_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
+            reaper.untrack("dir", self.dir)
 
     def _procs(self) -> list[procs.Process]:
         return list(self.procs.values())

@@ -23,16 +23,14 @@ rather than their upstream service-account roles.
 from __future__ import annotations
 
 import json
-import pathlib
 import shutil
-import tempfile
 import time
 import urllib.error
 import urllib.request
 
 import yaml
 
-from localcluster import gobuild, procs, sources, versions
+from localcluster import gobuild, procs, reaper, sources, versions
 from localcluster.kfpimages import ARGOEXEC_IMAGE, DRIVER_IMAGE, LAUNCHER_IMAGE
 from localcluster.mariadb import MariaDB
 
@@ -102,7 +100,7 @@ class KfpBackend:
         self.dir.mkdir(parents=True, exist_ok=True)
         self._install_cluster_objects()
         # Its own top-level temporary directory: mariadbd runs as `mysql`, which cannot enter cp.dir.
-        self.db = MariaDB(pathlib.Path(tempfile.mkdtemp(prefix="cifar10-kfp-kfpdb-")), procs.free_port())
+        self.db = MariaDB(reaper.temporary_dir("cifar10-kfp-kfpdb-"), procs.free_port())
         self.db.start()
         self.db.create("mlpipeline", "kfp", global_grants=True)
         self._start_apiserver()
@@ -115,7 +113,7 @@ class KfpBackend:
         self.procs.clear()
         if self.db is not None:
             self.db.stop()
-            shutil.rmtree(self.db.work_dir, ignore_errors=True)
+            reaper.remove_dir(self.db.work_dir)
             self.db = None
 
     # -- cluster objects -------------------------------------------------------------------

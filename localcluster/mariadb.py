@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from cifar10_kfp.storage.embedded import stop_process_group
+from localcluster import reaper
 
 _PR_SET_PDEATHSIG = 1
 _SEARCH = ("/usr/sbin", "/usr/bin", "/usr/local/sbin", "/usr/local/bin")
@@ -98,6 +99,7 @@ class MariaDB:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
             preexec_fn=preexec_session, cwd=self.work_dir,
         )  # fmt: skip
+        reaper.track_group(self._proc.pid)
         deadline = time.monotonic() + self.start_timeout_s
         while not self._sql_ok("SELECT 1"):
             if self._proc.poll() is not None:
@@ -124,3 +126,5 @@ class MariaDB:
     def stop(self) -> None:
         proc, self._proc = self._proc, None
         stop_process_group(proc, grace_s=20.0)  # mariadbd shuts down cleanly on SIGTERM in about a second
+        if proc is not None:
+            reaper.untrack("group", proc.pid)

@@ -14,10 +14,8 @@ down and bring it back on the same port and database (the outage tests).
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -29,6 +27,7 @@ from cifar10_kfp.storage.embedded import (
     stop_process_group,
     wait_in_foreground,
 )
+from localcluster import reaper
 from localcluster.gobuild import ensure_binary
 from localcluster.mariadb import MariaDB, preexec_session
 
@@ -50,7 +49,7 @@ class ModelRegistryServer:
     def __init__(self, *, start_timeout_s: float = 90.0, binary: str | None = None):
         self.start_timeout_s = start_timeout_s
         self._binary = binary
-        self.work_dir = Path(tempfile.mkdtemp(prefix="cifar10-kfp-mr-"))
+        self.work_dir = reaper.temporary_dir("cifar10-kfp-mr-")
         self.db_port, self.port = free_ports(2)
         self._db = MariaDB(self.work_dir, self.db_port, start_timeout_s)
         self._server: subprocess.Popen | None = None
@@ -100,12 +99,15 @@ class ModelRegistryServer:
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             preexec_fn=preexec_session, cwd=self.work_dir,
         )  # fmt: skip
+        reaper.track_group(self._server.pid)
         self._wait_server()
 
     def stop_server(self) -> None:
         """Take the registry server down (the database stays): clients then get connection refused."""
         proc, self._server = self._server, None
         stop_process_group(proc, grace_s=5.0)
+        if proc is not None:
+            reaper.untrack("group", proc.pid)
 
     def close(self) -> None:
         """Stop the server and the database and remove their files; idempotent."""
@@ -114,7 +116,7 @@ class ModelRegistryServer:
         for log in self._logs:
             log.close()
         self._logs.clear()
-        shutil.rmtree(self.work_dir, ignore_errors=True)
+        reaper.remove_dir(self.work_dir)
 
     def __enter__(self) -> ModelRegistryServer:
         return self.start()
@@ -154,6 +156,7 @@ class ModelRegistryServer:
 def serve_forever() -> int:
     """``make model-registry``: run the registry and its database in the foreground until Ctrl-C."""
     stop_requested = stop_on_sigterm()  # before the start, so a SIGTERM during it still stops cleanly
+    reaper.session_marker()  # whatever starts from here on is undone if this process is killed
     with ModelRegistryServer() as server:
         print("# Kubeflow Model Registry is up (its MariaDB too). In another shell, run:")
         print(f"export MODEL_REGISTRY_URL={server.url}")

@@ -29,7 +29,7 @@ import subprocess
 import tempfile
 import time
 
-from localcluster import gobuild, images, nodeclean, procs, relay, versions
+from localcluster import gobuild, images, nodeclean, procs, reaper, relay, versions
 
 NODE_LABEL = "cifar10-kfp.dev/real-node"
 #: The node is tainted so that only pods meant for it (tolerating this) land there: the kwok-based
@@ -41,6 +41,13 @@ BRIDGE = "cifar10kfp0"
 HOST_IP = "10.88.0.1"  # the bridge's own address: pods reach host services here
 _START_TIMEOUT_S = 180.0
 _NODE_BINARIES = ("kubelet", "containerd", "containerd-shim-runc-v2", "ctr", "runc")
+
+
+def _short_tmp() -> str:
+    # containerd's and the shims' unix socket paths live under the node's directory (108 bytes at
+    # most): the temporary directory when its path is short, else /tmp.
+    tmp = tempfile.gettempdir()
+    return tmp if len(tmp) <= 40 else "/tmp"
 
 
 def node_binaries() -> dict[str, pathlib.Path]:
@@ -76,7 +83,7 @@ class RealNode:
         self.name, self.kubelet_address = _node_name_and_address(name)
         self.host_ip = HOST_IP
         # Short: containerd's and the shims' unix sockets live under it.
-        self.dir = pathlib.Path(tempfile.mkdtemp(prefix="c10n-", dir="/tmp"))
+        self.dir = pathlib.Path(tempfile.mkdtemp(prefix="c10n-", dir=_short_tmp()))
         self.procs: dict[str, procs.Process] = {}
         self._relays: list[relay.Relay] = []
         self._netns_before: set[pathlib.Path] = set()
@@ -98,6 +105,13 @@ class RealNode:
     def start(self) -> None:
         started = time.monotonic()
         self._netns_before = nodeclean.sandbox_netns()
+        self._reaper_entry = {
+            "dir": str(self.dir),
+            "netns_before": sorted(map(str, self._netns_before)),
+            "bridge": BRIDGE,
+        }
+        reaper.track_node(self._reaper_entry)
+        reaper.track_dir(self.dir)
         self.bin = node_binaries()
         self._cni_bin_dir = self._link_dir("cni-bin", tuple(versions.NODE_CNI_PLUGINS))
         self._write_cni_config()
@@ -130,6 +144,9 @@ class RealNode:
             self._store_lock.close()  # releases the image store's lock
             self._store_lock = None
         shutil.rmtree(self.dir, ignore_errors=True)
+        reaper.untrack("dir", self.dir)
+        if getattr(self, "_reaper_entry", None):
+            reaper.untrack("node", self._reaper_entry)
         if self.cp is not None and getattr(self.cp, "server", ""):
             self.cp.kubectl("delete", "node", self.name, "--wait=false")
 

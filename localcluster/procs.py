@@ -20,6 +20,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 
+from localcluster import reaper
+
 _LIVE: list[Process] = []
 
 
@@ -59,6 +61,7 @@ class Process:
             env={**child_env(), **(env or {})},
             start_new_session=True,
         )
+        reaper.track_group(self.popen.pid)
         _LIVE.append(self)
 
     def log_tail(self, lines: int = 40) -> str:
@@ -90,6 +93,7 @@ class Process:
         except subprocess.TimeoutExpired:
             pass
         self._log.close()
+        reaper.untrack("group", self.popen.pid)
         if self in _LIVE:
             _LIVE.remove(self)
 

@@ -26,10 +26,9 @@ import os
 import pathlib
 import shutil
 import tarfile
-import tempfile
 import urllib.request
 
-from localcluster import gobuild
+from localcluster import gobuild, reaper
 
 KFP_TAG = "2.17.0"
 KFP_COMMIT = "4a3592cb2dd0a91a4652ab93893ec8beda1f3158"
@@ -54,7 +53,15 @@ def _into_place(name: str, fill) -> pathlib.Path:
     if (target / ".complete").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = pathlib.Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=target.parent))
+    with gobuild.file_lock(target.parent / f".lock-{name}"):  # parallel builds share one tree
+        if (target / ".complete").is_file():
+            return target
+        return _fill_into_place(target, fill)
+
+
+def _fill_into_place(target: pathlib.Path, fill) -> pathlib.Path:
+    name = target.name
+    scratch = reaper.temporary_dir(f".tmp-{name}-", str(target.parent))
     try:
         fill(scratch)
         (scratch / ".complete").write_text("")
@@ -62,7 +69,7 @@ def _into_place(name: str, fill) -> pathlib.Path:
             shutil.rmtree(target)
         scratch.rename(target)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        reaper.remove_dir(scratch)
     return target
 
 

@@ -146,6 +146,15 @@ def _wait_for_run(cp, backend, store, run_id: str, timeout_s: float = _RUN_TIMEO
     return row
 
 
+def _record_timeline(cp, run_id: str, wall_s: float, what: str) -> None:
+    from tests.cluster import conftest, timeline
+
+    rows = timeline.run_timeline(cp, kfp_harness.NAMESPACE, run_id)
+    print(f"\n{what} {run_id}:\n{timeline.table(rows)}")
+    for part, seconds in timeline.summary(rows, wall_s).items():
+        conftest._TIMINGS[f"{what}: {part}"] = seconds
+
+
 @pytest.mark.timeout(3000)  # a cold machine builds and imports the component image first
 def test_a_training_run_succeeds_on_real_pods(control_plane, kfp_on_node):
     backend, store, node = kfp_on_node
@@ -159,7 +168,9 @@ def test_a_training_run_succeeds_on_real_pods(control_plane, kfp_on_node):
         *(p for kv in TINY for p in ("--param", kv)),
     )
     run_id = _RUN_ID.search(done.stdout).group(1)
+    started = time.monotonic()
     row = _wait_for_run(control_plane, backend, store, run_id)
+    _record_timeline(control_plane, run_id, time.monotonic() - started, "training run")
 
     # Every pod of the run ran on the real node, and each step's container really exited 0.
     pods = json.loads(

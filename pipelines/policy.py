@@ -259,11 +259,12 @@ class ClusterPolicy:
         return task
 
     def retry(self, task):
-        """KFP ``set_retry``: an Argo ``retryStrategy`` with no ``retryPolicy``, so Argo's default
-        ``OnFailure`` applies. It retries a pod whose main container failed (an exception, an OOM
-        kill) or that failed with a message (kubelet eviction); it does NOT retry an Argo
-        ``Error``: a deleted pod (preemption, node drain, a lost node), or a failed init or wait
-        container. See docs/pipelines.md, "Retries"."""
+        """KFP ``set_retry``: an Argo ``retryStrategy`` with a limit and backoff and no ``retryPolicy``.
+
+        Which failures it retries is the cluster's: an install from KFP's manifests merges its Argo
+        ``templateDefaults`` policy ``OnError`` in (a deleted pod or a failed init/wait container is
+        retried, a raising step is not); a plain Argo's default ``OnFailure`` is the reverse. KFP 2.17's
+        SDK cannot set the policy per task. See docs/pipelines.md, "Retries"."""
         r = self.train_retry
         if r.num_retries > 0:
             task.set_retry(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from localcluster.model_registry import ModelRegistryServer
+from tests.support.bearer_proxy import BearerTokenProxy
 
 
 @pytest.fixture(scope="session")
@@ -23,3 +24,11 @@ def own_registry_server():
     """A registry of this test's own, for tests that take it down."""
     with ModelRegistryServer() as server:
         yield server
+
+
+@pytest.fixture
+def guarded_registry(registry_server):
+    """The session's registry behind a proxy that answers 401 to a request without ``Bearer <proxy.token>``,
+    as kube-rbac-proxy or Istio guards it in Kubeflow; ``proxy.requests`` is what it was sent."""
+    with BearerTokenProxy(registry_server.url, token="tok-" + "5d8e1f0a9b2c4e67") as proxy:
+        yield proxy

@@ -1,4 +1,4 @@
-"""cifar10_kfp.publish.kubeflow_registry against the real registry server: register, re-register, resolve, outage."""
+"""cifar10_kfp.publish.kubeflow_registry against the real registry server: register, re-register, resolve, outage, token."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def test_registry_down_fails_clearly_then_back_registers(own_registry_server):
     assert not done.already_registered
 
 
-def test_the_token_is_sent_and_never_in_an_error(own_registry_server, monkeypatch):
+def test_the_token_is_never_in_an_error(own_registry_server, monkeypatch):
     token = "tok-" + "9f3c2a77e1b04d0e"
     monkeypatch.setenv(kr.TOKEN_ENV, token)
     assert kr.resolve_token() == token
@@ -94,3 +94,44 @@ def test_the_token_is_sent_and_never_in_an_error(own_registry_server, monkeypatc
         kr.register_version(own_registry_server.url, model_name="tok", version="v1", artifact=_artifact("tok"),
                             properties={})  # fmt: skip
     assert token not in str(caught.value) and token not in repr(caught.value.__cause__)
+
+
+def test_every_call_carries_the_bearer_token(guarded_registry, registry_server, monkeypatch):
+    # found where a pod finds it (resolve_token), not passed as an argument
+    monkeypatch.setenv(kr.TOKEN_ENV, guarded_registry.token)
+    kr.register_version(guarded_registry.url, model_name="guarded", version="v1", artifact=_artifact("guarded"),
+                        properties={"run_id": "g"})  # fmt: skip
+    resolved = kr.resolve_registry_uri("model-registry://guarded", url=guarded_registry.url)
+    assert resolved == VERSION_URI.format(name="guarded")
+    seen = guarded_registry.requests
+    writes = {(r.method, r.path.split("?")[0].rsplit("/", 1)[-1]) for r in seen if r.method != "GET"}
+    assert {("POST", "registered_models"), ("POST", "model_versions"), ("POST", "artifacts")} <= writes, (
+        writes
+    )
+    assert [
+        r for r in seen if r.authorization != f"Bearer {guarded_registry.token}" or r.status in (401, 502)
+    ] == []
+    with kr.connect(registry_server.url, token="") as direct:  # it reached the real server
+        assert direct.get_model_artifact("guarded", "v1").uri == _artifact("guarded")
+
+
+@pytest.mark.parametrize("sent", ["no token", "another token"])
+def test_without_the_token_the_guarded_registry_refuses_clearly(
+    guarded_registry, monkeypatch, tmp_path, sent
+):
+    empty = tmp_path / "token"
+    empty.write_text("")  # KF_PIPELINES_SA_TOKEN_PATH naming an empty file: no token at all
+    monkeypatch.setenv(kr.TOKEN_PATH_ENV, str(empty))
+    wrong = "tok-" + "0000aaaa1111bbbb"
+    if sent == "another token":
+        monkeypatch.setenv(kr.TOKEN_ENV, wrong)
+    else:
+        monkeypatch.delenv(kr.TOKEN_ENV, raising=False)
+    with pytest.raises(
+        kr.ModelRegistryError, match=f"model registry at {guarded_registry.url} .*refused.*401"
+    ) as caught:
+        kr.register_version(guarded_registry.url, model_name="refused", version="v1",
+                            artifact=_artifact("refused"), properties={})  # fmt: skip
+    assert wrong not in str(caught.value)
+    expected = None if sent == "no token" else f"Bearer {wrong}"
+    assert [(r.authorization, r.status) for r in guarded_registry.requests] == [(expected, 401)]

@@ -1,20 +1,8 @@
-"""A real MLflow tracking server for the tracking tests, one per session, stopped (all its processes) at the end."""
+"""The tracking tests start from an environment without MLflow or Trainer variables (``mlflow_server``: tests/conftest.py)."""
 
 from __future__ import annotations
 
 import pytest
-
-from tests.support.mlflow_server import MlflowServer
-
-
-@pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory):
-    pytest.importorskip("mlflow", reason="the dev extra installs mlflow (the tracking server)")
-    server = MlflowServer(tmp_path_factory.mktemp("mlflow")).start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

@@ -8,7 +8,9 @@ set, without it (nothing printed differs, mlflow is never imported), and against
 from __future__ import annotations
 
 import json
+import logging
 import re
+import socket
 import subprocess
 import sys
 import uuid
@@ -83,6 +85,24 @@ def test_without_a_run_id_a_run_is_made_and_ended_with_each_trial_nested(mlflow_
         assert trial.info.status == status
         assert trial.data.params == {"lr": str(0.1 * (number + 1))}
         assert _history(client, trial.info.run_id, "val/accuracy") == [(1, 0.5)]
+
+
+def test_a_server_that_never_answers_costs_one_warning_after_the_request_timeout(tracking_env, caplog):
+    pytest.importorskip("mlflow", reason="the dev extra installs mlflow (the tracking client)")
+    with socket.socket() as listener:  # accepts connections (the kernel's backlog) and never answers
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        tracking_env.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{listener.getsockname()[1]}")
+        tracking_env.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")
+        with caplog.at_level(logging.WARNING):
+            tracker = open_tracker("train")
+            tracker.start({"lr": 0.1})
+            for epoch in (1, 2, 3):
+                tracker.epoch({**ROW, "epoch": epoch}, total_epochs=3)
+            tracker.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "failed" in warnings[0] and "ReadTimeoutError" in warnings[0] and "training goes on" in warnings[0]
 
 
 def _assert_train_output_unchanged(stdout: str, metrics_file) -> None:

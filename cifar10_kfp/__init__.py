@@ -7,6 +7,7 @@ The folders are the stages. A stage imports only from the stages before it in th
 (``tests/test_stage_order.py`` checks every import, those inside functions included):
 
 =============  ===========================================================================
+``tracking``   live metrics to an MLflow run and a TrainJob's status, when the environment names them
 ``storage``    one API over S3-compatible object stores and local paths; the embedded SeaweedFS
 ``data``       download (verified, content-addressed), safe archives, the prepared-dataset file
 ``train``      config, models, the training engine, checkpoints, torchrun, training curves
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-STAGES = ("storage", "data", "train", "evaluate", "publish", "runs", "params", "tune", "trainjob")
+STAGES = ("tracking", "storage", "data", "train", "evaluate", "publish", "runs", "params", "tune", "trainjob")
 
 
 def lazy_exports(package: str, init_file: str):

@@ -1,4 +1,4 @@
-"""Shared fixtures: a real embedded S3 server, the real CIFAR-10 archive, tiny datasets."""
+"""Shared fixtures: a real embedded S3 server, a real MLflow server, the real CIFAR-10 archive, tiny datasets."""
 
 from __future__ import annotations
 
@@ -39,6 +39,20 @@ def store_env(embedded_store, monkeypatch, tmp_path) -> ObjectStore:
     for name in ("CIFAR10_KFP_STRICT_CREDENTIALS", "CIFAR10_KFP_NAMESPACE", "MINIO_REGION"):
         monkeypatch.delenv(name, raising=False)
     return ObjectStore()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """One real MLflow tracking server (``mlflow server``, SQLite) on 127.0.0.1 for the session; all its
+    processes are ended at the end."""
+    pytest.importorskip("mlflow", reason="the dev extra installs mlflow (the tracking server)")
+    from tests.support.mlflow_server import MlflowServer
+
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 TRAINING_SPEC = ROOT / "pipelines" / "compiled" / "cifar10-training.yaml"
 MAX_README_CHARS = 12_000
-REFERENCE_DOCS = ["cli", "configuration", "results", "architecture", "pipelines", "multi-node", "evaluation"]
+REFERENCE_DOCS = ["cli", "configuration", "results", "architecture", "pipelines", "multi-node", "evaluation",
+                  "tracking"]  # fmt: skip
 # [text](target) and ![alt](target); the target ends at the first closing parenthesis or space.
 _LINK = re.compile(r"(!?)\[[^\]]*\]\(([^)\s]+)\)")
 

@@ -11,7 +11,7 @@ import inspect
 
 import pytest
 
-STAGES = ["storage", "data", "train", "evaluate", "publish", "runs", "params", "tune", "trainjob"]
+STAGES = ["tracking", "storage", "data", "train", "evaluate", "publish", "runs", "params", "tune", "trainjob"]
 
 
 def _unannotated(function, where: str) -> list[str]:

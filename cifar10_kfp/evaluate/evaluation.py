@@ -356,7 +356,22 @@ def evaluate_model(
         result.loss,
         result.num_examples,
     )
+    track_final_metrics(result)
     return result
+
+
+def track_final_metrics(result: EvalResult) -> None:
+    """The scalar metrics to the step's MLflow run, when the environment names one (``cifar10_kfp.tracking``).
+
+    Metrics only: KFP's launcher logs the step's inputs as the run's params, and MLflow refuses a
+    param logged twice with another spelling of its value.
+    """
+    from cifar10_kfp.tracking import open_tracker
+
+    tracker = open_tracker("evaluate")
+    if tracker.enabled:
+        tracker.final(result.scalars())
+        tracker.close()
 
 
 def load_history(path: str | os.PathLike) -> list[dict]:

@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # annotation only: the data stage is imported where a dataset
     from cifar10_kfp.data.format import PreparedDataset
     from cifar10_kfp.storage import ObjectStore
 
+from cifar10_kfp.tracking import Tracker, open_tracker
 from cifar10_kfp.train.augment import DeviceData, TrainBatches, training_batches
 from cifar10_kfp.train.config import TrainConfig
 from cifar10_kfp.train.curves import TrainingCurves
@@ -62,6 +63,7 @@ from cifar10_kfp.train.outputs import (
     export_outputs,
     final_metrics,
     read_outputs,
+    tracked_params,
 )
 from cifar10_kfp.train.state import (
     RunCheckpoints,
@@ -308,6 +310,7 @@ def train_in_this_process(
     """The training run of this process: one rank of a torchrun group, or the only process."""
     process_start = time.perf_counter()
     runtime = setup_runtime(config.device)
+    tracker = Tracker()  # does nothing: the run's own is opened once its data is loaded
     try:
         configure_determinism(config, runtime.device)
         if config.threads and runtime.device.type == "cpu":
@@ -327,30 +330,40 @@ def train_in_this_process(
         checkpoints.resume(state)
         wrap_for_training(state, config, runtime)
         clock = RunClock(state.history, (state.resumed or {}).get("clock"), process_start)
-        fit(state, run, config, runtime, checkpoints, clock)
+        tracker = open_tracker("train", progress=True) if runtime.is_main else Tracker()
+        tracker.start(
+            tracked_params(config, run.dataset, run.eval_split, run.batch_size, run.steps_per_epoch)
+        )
+        fit(state, run, config, runtime, checkpoints, clock, tracker=tracker)
         metrics = final_metrics(
             config, state.history, clock, steps=state.step, eval_split=run.eval_split,
             resumed_from_epoch=(state.resumed or {}).get("epoch", 0), world_size=runtime.world_size,
             device=str(runtime.device), num_parameters=sum(p.numel() for p in state.net.parameters()),
         )  # fmt: skip
+        tracker.final(metrics)
         model = state.evaluation_model()
         if runtime.is_main:
             weights = "ema" if state.ema is not None else "final"
             export_outputs(output_dir, model, config, run.dataset, state.history, metrics, weights=weights)
+        tracker.close("FINISHED")
         return TrainResult(
             output_dir / MODEL_SUBDIR, state.history, metrics, config, checkpoint_uri, output_dir
         )
     finally:
+        tracker.close("FAILED")  # a no-op after the close above
         teardown(runtime)
 
 
 def fit(state: TrainingState, run: RunData, config: TrainConfig, runtime: Runtime, checkpoints: RunCheckpoints,
-        clock: RunClock, on_epoch: Callable[[dict], None] | None = None) -> None:  # fmt: skip
+        clock: RunClock, on_epoch: Callable[[dict], None] | None = None, tracker: Tracker | None = None) -> None:  # fmt: skip
     """The epoch loop: train, evaluate, record, checkpoint, until ``config.epochs`` are done.
 
     ``on_epoch(row)`` runs after each epoch's history row; an exception it raises (a tuning
-    trial's ``optuna.TrialPruned``) ends the loop there.
+    trial's ``optuna.TrialPruned``) ends the loop there. ``tracker`` gets each row next to the
+    epoch line (MLflow, TrainJob status; ``cifar10_kfp.tracking``).
     """
+    track = tracker or Tracker()
+    after_step = track.around_step(checkpoints.after_step, config.epochs * run.steps_per_epoch)
     printer = ProgressPrinter(config.progress and runtime.is_main, config.epochs)
     show_bar = config.progress and runtime.is_main and sys.stdout.isatty()
     autocast = autocast_context(config, runtime.device)
@@ -361,7 +374,7 @@ def fit(state: TrainingState, run: RunData, config: TrainConfig, runtime: Runtim
             epoch_start = checkpoints.epoch_started = time.perf_counter()
             stats = train_one_epoch(
                 state, run.train, run.normalizer, config, run.batch_size, runtime,
-                after_step=checkpoints.after_step, show_bar=show_bar,
+                after_step=after_step, show_bar=show_bar,
             )  # fmt: skip
             if runtime.device.type == "cuda":
                 torch.cuda.synchronize(runtime.device)
@@ -375,7 +388,9 @@ def fit(state: TrainingState, run: RunData, config: TrainConfig, runtime: Runtim
                 state.epoch + 1, stats, result, lr, train_s, clock, state.step, runtime.world_size
             )
             state.finish_epoch(row)
-            printer(row, clock.eta_s(config.epochs - state.epoch))
+            eta_s = clock.eta_s(config.epochs - state.epoch)
+            printer(row, eta_s)
+            track.epoch(row, config.epochs, eta_s)
             curves.epoch(row)
             checkpoints.at_epoch_end(state)
             if on_epoch is not None:

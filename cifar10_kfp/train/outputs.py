@@ -2,7 +2,8 @@
 
 * ``ProgressPrinter``: one fixed-column line per epoch (rank 0);
 * ``RunClock``: wall, CPU and training seconds, carried across resumes;
-* ``epoch_row``: the per-epoch history row; ``final_metrics``: ``metrics.json``;
+* ``epoch_row``: the per-epoch history row; ``final_metrics``: ``metrics.json``; ``tracked_params``:
+  the parameters a tracked run logs;
 * ``export_outputs``: ``model/`` (loadable with ``cifar10_kfp.train.models`` alone), ``history.json``
   and ``metrics.json`` in the output directory.
 """
@@ -120,6 +121,21 @@ def epoch_row(epoch: int, stats: dict, result: dict, lr: float, train_s: float, 
         "step": step,
         "world_size": world_size,  # processes that finished this epoch (elastic runs can change it)
     }
+
+
+def tracked_params(
+    config: TrainConfig, dataset, eval_split: str, batch_size: int, steps_per_epoch: int
+) -> dict:
+    """What a tracked run (``cifar10_kfp.tracking``) logs once: the config less its run-time knobs, the data.
+
+    The run-time knobs may change when a run resumes, and MLflow refuses a changed param of a run.
+    """
+    params: dict = {k: v for k, v in config.to_dict().items() if k not in config.RUNTIME_FIELDS}
+    params.update(
+        dataset_digest=dataset.source_digest, eval_split_used=eval_split, global_batch_size=batch_size,
+        steps_per_epoch=steps_per_epoch,
+    )  # fmt: skip
+    return params
 
 
 def final_metrics(config: TrainConfig, history: list[dict], clock: RunClock, *, steps: int, eval_split: str,

@@ -31,7 +31,9 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from cifar10_kfp.trainjob.api import (
     TrainJobCancelled,
@@ -72,6 +74,30 @@ def storage_env(config) -> dict[str, str]:
     return {key: value for key, value in env.items() if value}
 
 
+# What KFP 2.17's MLflow integration gives the launcher pod and rank 0 needs to log to the same run. Only
+# values without secrets: MLFLOW_TRACKING_TOKEN and _PASSWORD come from a Secret whose key names the
+# admin chose, and a value would put the credential into the TrainJob object (docs/tracking.md).
+TRACKING_ENV = (
+    "MLFLOW_TRACKING_URI",
+    "MLFLOW_EXPERIMENT_ID",
+    "MLFLOW_RUN_ID",
+    "MLFLOW_WORKSPACE",
+    "MLFLOW_TRACKING_AUTH",
+)
+
+
+def tracking_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The launcher's MLflow variables for the nodes; none when the tracking URI itself holds a password."""
+    env = os.environ if env is None else env
+    found = {name: env[name].strip() for name in TRACKING_ENV if env.get(name, "").strip()}
+    if "@" in urlsplit(found.get("MLFLOW_TRACKING_URI", "")).netloc:
+        log.warning(
+            "MLFLOW_TRACKING_URI holds credentials: not passed to the TrainJob's nodes, so they do not log to MLflow"
+        )
+        return {}
+    return found
+
+
 def request_for_run(config: TrainConfig, *, run_id: str, store: ObjectStore, data_uri: str, checkpoint_uri: str, image: str, num_nodes: int,
                     gpus_per_node: int, min_nodes: int = 0, max_restarts: int = 3, timeout_h: float = DEFAULT_TIMEOUT_H,
                     service_account: str = "", image_pull_secrets: str = "", minio_endpoint: str = "",
@@ -86,6 +112,7 @@ def request_for_run(config: TrainConfig, *, run_id: str, store: ObjectStore, dat
         output_uri=store.root_uri("trainjobs", name), checkpoint_uri=checkpoint_uri, config=config.to_dict(),
         num_nodes=num_nodes, gpus_per_node=gpus_per_node, min_nodes=min_nodes, max_restarts=max_restarts,
         minio_endpoint=minio_endpoint, minio_secure=minio_secure, storage_env=storage_env(store.config),
+        tracking_env=tracking_env(),
         labels={"pipelines.kubeflow.org/run-id": run_id[:63]},
         active_deadline_s=int(timeout_h * 3600) + DEADLINE_MARGIN_S if timeout_h > 0 else 0,
         service_account=service_account.strip(),

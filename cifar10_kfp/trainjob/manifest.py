@@ -74,6 +74,7 @@ class TrainJobRequest:
     storage_env: dict = field(
         default_factory=dict
     )  # region, bucket, prefix, namespace, strict mode: no secrets
+    tracking_env: dict = field(default_factory=dict)  # the launcher's MLflow run, for rank 0: no secrets
     labels: dict = field(default_factory=dict)
     active_deadline_s: int = 0  # the Trainer fails the job after this many seconds; 0 = no deadline
     service_account: str = ""  # the nodes' service account; empty keeps the runtime's (the namespace default)
@@ -256,6 +257,7 @@ def _env(request: TrainJobRequest) -> list[dict]:
         {"name": "MINIO_ENDPOINT", "value": request.minio_endpoint},
         {"name": "MINIO_SECURE", "value": "true" if request.minio_secure else "false"},
         *({"name": name, "value": value} for name, value in sorted(request.storage_env.items())),
+        *({"name": name, "value": value} for name, value in sorted(request.tracking_env.items())),
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
 

@@ -1,4 +1,5 @@
-"""Watching a TrainJob: its state changes as they happen, and the Warning events of what it made."""
+"""Watching a TrainJob: its state changes as they happen, its progress (``.status.trainerStatus``), and the
+Warning events of what it made."""
 
 from __future__ import annotations
 
@@ -52,6 +53,21 @@ class EventReporter:
         return new
 
 
+def trainer_status_line(obj: dict) -> str:
+    """``.status.trainerStatus`` as one line ('' without it): what rank 0 reports with Trainer's ``TrainJobStatus`` gate.
+
+    Example: ``40% eta 95s epoch=4 train_loss=0.8123 val_acc=0.6123`` (docs/tracking.md).
+    """
+    status = (obj.get("status") or {}).get("trainerStatus") or {}
+    parts = []
+    if status.get("progressPercentage") is not None:
+        parts.append(f"{status['progressPercentage']}%")
+    if status.get("estimatedRemainingSeconds") is not None:
+        parts.append(f"eta {status['estimatedRemainingSeconds']}s")
+    parts += [f"{m.get('name')}={m.get('value')}" for m in status.get("metrics") or [] if isinstance(m, dict)]
+    return " ".join(parts)
+
+
 def _event_time(event) -> float:
     stamp = event.last_timestamp or event.event_time or event.metadata.creation_timestamp
     return stamp.timestamp() if stamp else 0.0
@@ -84,14 +100,19 @@ def watch_trainjob(
     events = EventReporter(api_client, namespace, name)
     next_events = time.monotonic() + events_every_s
     last: JobState | None = None
+    last_progress = ""
 
-    def seen(state: JobState) -> JobState:
-        nonlocal last
+    def seen(state: JobState, obj: dict | None = None) -> JobState:
+        nonlocal last, last_progress
         if state != last:
             last = state
             log.info("TrainJob %s/%s: %s %s %s", namespace, name, state.phase, state.reason, state.message)
             if on_change:
                 on_change(state)
+        progress = trainer_status_line(obj or {})
+        if progress and progress != last_progress:  # the KFP step's log shows the nodes' progress
+            last_progress = progress
+            log.info("TrainJob %s/%s progress: %s", namespace, name, progress)
         return state
 
     while True:
@@ -103,7 +124,7 @@ def watch_trainjob(
                     f"TrainJob {namespace}/{name} disappeared (deleted by someone else?)"
                 ) from exc
             raise
-        if seen(job_state(obj)).finished:
+        if seen(job_state(obj), obj).finished:
             break
         finished = done() if done else None
         if finished is not None:
@@ -144,7 +165,7 @@ def _watch_once(stream, api, namespace: str, name: str, obj: dict, window: int, 
                 raise TrainJobFailed(f"TrainJob {namespace}/{name} was deleted while training")
             if event.get("type") == "ERROR":
                 return False  # e.g. 410 Gone: re-GET and re-watch
-            if seen(job_state(event["object"])).finished:
+            if seen(job_state(event["object"]), event["object"]).finished:
                 return True
     finally:
         stream.stop()

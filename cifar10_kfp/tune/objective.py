@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from cifar10_kfp.params import table as params
 from cifar10_kfp.params.space import Dimension, candidate_count
+from cifar10_kfp.tracking import Tracker
 
 if TYPE_CHECKING:  # annotations only
     from cifar10_kfp.train import TrainConfig
@@ -85,12 +86,13 @@ def _repeat(trial, twin) -> float:
 
 
 def make_objective(values: Mapping[str, Any], space: Mapping[str, Dimension], train: Trainer, attempt: str,
-                   on_start: Callable[[], None] = lambda: None):  # fmt: skip
+                   on_start: Callable[[], None] = lambda: None, tracker: Tracker | None = None):  # fmt: skip
     """The function Optuna calls per trial: train, report each epoch's val accuracy, return the last.
 
     ``on_start()`` runs once the trial's values are drawn and it is about to train (the live
     study saves itself, so that a retry knows which trial was in flight and re-runs it with the
-    same values).
+    same values). ``tracker`` (the study's) gets each trained trial as a nested run, its epochs
+    with ``step=epoch``.
     """
     import optuna
 
@@ -104,8 +106,10 @@ def make_objective(values: Mapping[str, Any], space: Mapping[str, Dimension], tr
             return _repeat(trial, twin)
         config = trial_config(values, searched)
         on_start()
+        tracked = (tracker or Tracker()).trial(f"trial-{trial.number}", searched)
 
         def report(row: dict) -> None:
+            tracked.epoch(row, config.epochs)
             epoch = row["epoch"]
             trial.set_user_attr(key="epochs_run", value=epoch)
             trial.set_user_attr(key="train_s", value=round(float(row.get("trial_s", 0.0)), 3))
@@ -120,7 +124,15 @@ def make_objective(values: Mapping[str, Any], space: Mapping[str, Dimension], tr
             if epoch < config.epochs and trial.should_prune():
                 raise optuna.TrialPruned(f"val_acc {row['val_acc']:.4f} after epoch {epoch}")
 
-        history = train(config, report)
+        status = "FAILED"
+        try:
+            history = train(config, report)
+            status = "FINISHED"
+        except optuna.TrialPruned:
+            status = "KILLED"  # MLflow's word for a run stopped before its end
+            raise
+        finally:
+            tracked.close(status)
         log.info("trial %d: val_acc %.4f %s", trial.number, history[-1]["val_acc"], json.dumps(searched))
         return float(history[-1]["val_acc"])
 

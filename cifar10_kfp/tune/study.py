@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from cifar10_kfp.params import table as params
 from cifar10_kfp.params.space import parse_search_space
+from cifar10_kfp.tracking import open_tracker
 from cifar10_kfp.tune.objective import device_trainer, make_objective, optimize, trial_config
 from cifar10_kfp.tune.report import TuneResult
 
@@ -251,12 +252,21 @@ def run_study(values: Mapping[str, Any], data: str, output_dir: str | os.PathLik
             requeued,
         )
     state.upload()
+    tracker = open_tracker("tune")
+    tracker.start({"dataset_digest": slots.queue[0][0].dataset.source_digest, **_settings_key(values)})
     objective = make_objective(
-        values, space, device_trainer(slots), uuid.uuid4().hex[:12], on_start=state.upload
+        values, space, device_trainer(slots), uuid.uuid4().hex[:12], on_start=state.upload, tracker=tracker
     )
-    optimize(study, objective, values, space, n_jobs=slots.qsize(), gc_after_trial=True,
-             callbacks=[lambda _study, _trial: state.upload()])  # fmt: skip
-    return write_outputs(study, values, output_dir, training_with)
+    try:
+        optimize(study, objective, values, space, n_jobs=slots.qsize(), gc_after_trial=True,
+                 callbacks=[lambda _study, _trial: state.upload()])  # fmt: skip
+        result = write_outputs(study, values, output_dir, training_with)
+    except BaseException:
+        tracker.close("FAILED")
+        raise
+    tracker.final({"best_val_acc": result.best_value, **result.metrics})
+    tracker.close()
+    return result
 
 
 def _finished(study) -> int:

@@ -1,8 +1,10 @@
-"""Write (or check) the image's dependency list from pyproject.toml's ``[project.dependencies]``.
+"""Write (or check) the image's dependency list from pyproject.toml: ``[project.dependencies]`` and ``IMAGE_EXTRAS``.
 
 The image installs its dependencies in a layer of their own, before our code, so that a code change
 rebuilds only the last, small layer. That layer needs the list as a plain requirements file, and the
-list must be exactly pyproject's, or the image would run with something the tests never saw.
+list must be exactly pyproject's, or the image would run with something the tests never saw. The image
+also has the optional extras in ``IMAGE_EXTRAS`` (``tracking``: the MLflow client, for KFP 2.17's MLflow
+integration), installed the same way.
 
     python images/train/requirements.py > images/train/requirements.txt   # regenerate
     python images/train/requirements.py --check                           # exit 1 on drift
@@ -21,16 +23,20 @@ import tomllib
 HERE = Path(__file__).resolve().parent
 PYPROJECT = HERE.parents[1] / "pyproject.toml"
 REQUIREMENTS = HERE / "requirements.txt"
+IMAGE_EXTRAS = ("tracking",)
 HEADER = (
-    "# Generated from pyproject.toml [project.dependencies] by images/train/requirements.py; do not edit.\n"
+    "# Generated from pyproject.toml [project.dependencies] and the extras images/train/requirements.py\n"
+    "# names (IMAGE_EXTRAS) by that script; do not edit.\n"
     "# tests/images/test_train_image.py and the image build fail when the two differ.\n"
 )
 
 
 def pyproject_dependencies(pyproject: Path = PYPROJECT) -> list[str]:
-    """The requirement strings of ``[project.dependencies]``, as written."""
+    """The requirement strings of ``[project.dependencies]`` and of the extras in ``IMAGE_EXTRAS``, as written."""
     with pyproject.open("rb") as f:
-        return list(tomllib.load(f)["project"]["dependencies"])
+        project = tomllib.load(f)["project"]
+    extras = [req for name in IMAGE_EXTRAS for req in project["optional-dependencies"][name]]
+    return list(project["dependencies"]) + extras
 
 
 def read_requirements(path: Path = REQUIREMENTS) -> list[str]:
@@ -57,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     missing, extra = sorted(set(expected) - set(actual)), sorted(set(actual) - set(expected))
     if missing or extra:
         print(
-            f"{args.requirements} differs from {args.pyproject} [project.dependencies]: "
+            f"{args.requirements} differs from {args.pyproject} [project.dependencies] + extras {list(IMAGE_EXTRAS)}: "
             f"missing {missing}, extra {extra}. Regenerate: python images/train/requirements.py > {REQUIREMENTS.name}",
             file=sys.stderr,
         )

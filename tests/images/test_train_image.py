@@ -32,6 +32,17 @@ def _pyproject() -> dict:
     return tomllib.loads(PYPROJECT.read_text())
 
 
+IMAGE_EXTRAS = ("tracking",)  # the optional extras the image installs too (the MLflow client)
+
+
+def _image_dependencies() -> list[str]:
+    """What the image's dependency layer must hold: pyproject's dependencies and the image's extras'."""
+    project = _pyproject()["project"]
+    return list(project["dependencies"]) + [
+        r for name in IMAGE_EXTRAS for r in project["optional-dependencies"][name]
+    ]
+
+
 def _normalized(requirements: list[str]) -> set[str]:
     """Requirements compared by meaning (name case and specifier order do not matter), not spelling."""
     out = set()
@@ -209,8 +220,8 @@ def test_make_image_default_tag_is_what_the_pipeline_compiles_with(monkeypatch):
 # --- dependencies ---
 
 
-def test_requirements_file_is_exactly_pyprojects_dependency_set():
-    declared = _pyproject()["project"]["dependencies"]
+def test_requirements_file_is_exactly_pyprojects_dependency_set_and_the_tracking_extra():
+    declared = _image_dependencies()
     listed = _requirement_lines(REQUIREMENTS)
     assert len(listed) == len(set(listed)), "requirements.txt lists a dependency twice"
     missing = _normalized(declared) - _normalized(listed)
@@ -220,6 +231,9 @@ def test_requirements_file_is_exactly_pyprojects_dependency_set():
         "regenerate with: python images/train/requirements.py > images/train/requirements.txt"
     )
     assert any(Requirement(r).name == "kfp" for r in listed), "components use install_kfp_package=False"
+    assert any(Requirement(r).name == "mlflow-skinny" for r in listed), (
+        "KFP 2.17's MLflow runs need the client"
+    )
 
 
 def test_requirements_checker_detects_drift(tmp_path):
@@ -245,6 +259,8 @@ def test_final_stage_installs_dependencies_before_code_and_nothing_else(stages):
     code_copy = next(i for i, line in enumerate(text) if line.startswith("COPY --from=builder"))
     code_install = next(i for i, line in enumerate(text) if "pip install --no-index" in line)
     assert dep_copy < dep_install < code_copy < code_install
+    # the package with the image's extras, from the wheel alone: the layer above must already hold them
+    assert f'"cifar10-kfp[{",".join(IMAGE_EXTRAS)}]==${{VERSION}}"' in text[code_install]
     # Only the dependency list and the wheel come into the final stage: no source tree, no tests.
     copies = [r for k, r in runtime if k in ("COPY", "ADD")]
     assert copies == [
@@ -404,7 +420,9 @@ def test_builder_stage_builds_a_wheel_whose_dependencies_are_the_requirements(tm
     requires = [
         line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")
     ]
-    runtime_requires = [r for r in requires if "extra ==" not in r]
+    image_extras = " or ".join(f'extra == "{name}"' for name in IMAGE_EXTRAS)
+    runtime_requires = [r.split(";")[0].strip() if image_extras in r else r for r in requires]
+    runtime_requires = [r for r in runtime_requires if "extra ==" not in r]
     assert _normalized(runtime_requires) == _normalized(_requirement_lines(REQUIREMENTS)), (
         "pip install --no-index of the wheel would need something the dependency layer did not install"
     )

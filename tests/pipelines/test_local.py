@@ -1,5 +1,6 @@
 """Both pipelines end to end with kfp.local on a stratified subset of the real CIFAR-10 archive, against
-the embedded object store; bad parameters stop at the validate step before any training."""
+the embedded object store (the training run also against a real MLflow server); bad parameters stop at the
+validate step before any training."""
 
 from __future__ import annotations
 
@@ -39,7 +40,16 @@ def _params(**values) -> list[str]:
 
 
 @pytest.mark.slow
-def test_training_pipeline_end_to_end(subset, store_env: ObjectStore, tmp_path, capsys):
+def test_training_pipeline_end_to_end(
+    subset, store_env: ObjectStore, mlflow_server, tmp_path, monkeypatch, capsys
+):
+    # `MLFLOW_TRACKING_URI=... make run`: kfp.local's task processes inherit it, so the train step logs each
+    # epoch to a run of its own and evaluate its final metrics to another (docs/tracking.md)
+    experiment_name = f"run-local-{tmp_path.name}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", experiment_name)
+    for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID", "KUBEFLOW_TRAINER_SERVER_URL"):
+        monkeypatch.delenv(name, raising=False)
     summary_path = tmp_path / "summary.json"
     rc = main(["run-local", *_params(dataset_uri=subset, model_name="e2e-training", **FAST),
                "--summary-json", str(summary_path), "--output-root", str(tmp_path / "runs")])  # fmt: skip
@@ -74,6 +84,7 @@ def test_training_pipeline_end_to_end(subset, store_env: ObjectStore, tmp_path, 
     )
     assert any(line.strip().startswith("1/1 ") for line in lines)  # the epoch line
     assert "executor_input" not in out.lower() and "Executing task" not in out
+    assert "mlflow" not in out.lower()  # tracking adds nothing to the console
     logs = tmp_path / "runs" / os.path.basename(summary["local_root"]) / "logs"
     assert summary["logs"] == str(logs) and any(line.split() == ["logs", str(logs)] for line in lines)
     assert "Got executor_input" in (logs / "train-model.log").read_text()  # everything else is kept there
@@ -88,6 +99,15 @@ def test_training_pipeline_end_to_end(subset, store_env: ObjectStore, tmp_path, 
         main(["tensorboard", "--run", summary["run_id"], "--logdir", str(tmp_path / "tb"), "--no-serve"]) == 0
     )
     assert list((tmp_path / "tb").glob("events.out.tfevents*"))
+    client = mlflow_server.client()
+    experiment = client.get_experiment_by_name(experiment_name)
+    runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
+    assert set(runs) == {"train", "evaluate"} and {r.info.status for r in runs.values()} == {"FINISHED"}
+    history = json.loads(open(os.path.join(artifacts["model"], "history.json")).read())
+    logged = client.get_metric_history(runs["train"].info.run_id, "val/accuracy")
+    assert [(m.step, m.value) for m in logged] == [(1, pytest.approx(history[0]["val_acc"]))]
+    assert runs["train"].data.params["epochs"] == "1" and runs["train"].data.params["dataset_digest"]
+    assert runs["evaluate"].data.metrics["accuracy"] == pytest.approx(metrics["accuracy"])
 
 
 @pytest.mark.slow

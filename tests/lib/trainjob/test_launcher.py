@@ -43,3 +43,27 @@ def test_a_runs_request_is_named_owned_and_deadlined_from_the_pipelines_values(s
     assert job.image_pull_secrets == ("regcred", "mirror") and job.service_account == "sa"
     assert job.owner == {"name": "training-x-system-container-impl-7", "uid": "uid-7"}
     assert (job.min_nodes, job.num_nodes, job.max_restarts, job.elastic) == (2, 4, 5, True)
+
+
+def test_the_launchers_mlflow_run_reaches_the_nodes_without_any_secret(store_env, monkeypatch):
+    from cifar10_kfp.train.config import make_config
+    from cifar10_kfp.trainjob import build_trainjob, request_for_run
+
+    injected = {  # what KFP 2.17's driver sets on the launcher's container (bearer mode)
+        "MLFLOW_TRACKING_URI": "https://mlflow.example.com", "MLFLOW_EXPERIMENT_ID": "7",
+        "MLFLOW_RUN_ID": "r-123", "MLFLOW_WORKSPACE": "team-a", "MLFLOW_TRACKING_TOKEN": "tok-secret",
+    }  # fmt: skip
+    for name, value in injected.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("MLFLOW_TRACKING_AUTH", raising=False)
+    job = request_for_run(make_config("cpu"), run_id="run-8", store=store_env, data_uri="s3://b/d",
+                          checkpoint_uri="s3://b/c", image="img", num_nodes=2, gpus_per_node=0)  # fmt: skip
+    env = build_trainjob(job)["spec"]["trainer"]["env"]
+    passed = {e["name"]: e.get("value") for e in env if e["name"].startswith("MLFLOW_")}
+    assert passed == {k: v for k, v in injected.items() if k != "MLFLOW_TRACKING_TOKEN"}
+    assert "tok-secret" not in str(build_trainjob(job))
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://alice:pw@mlflow.example.com")
+    job = request_for_run(make_config("cpu"), run_id="run-8", store=store_env, data_uri="s3://b/d",
+                          checkpoint_uri="s3://b/c", image="img", num_nodes=2, gpus_per_node=0)  # fmt: skip
+    assert job.tracking_env == {} and "pw@" not in str(build_trainjob(job))

@@ -9,8 +9,10 @@ process, which only the reaper (localcluster/reaper.py) can answer.
 
 Within 30 s nothing it started may be left: no process that was its descendant, carries its
 session marker (LOCALCLUSTER_SESSION) or is in one of its process groups; no port those
-processes listened on; no mount, loopback address, network namespace, link or kubepods cgroup that
-was not there before; nothing in the private TMPDIR and no SeaweedFS socket in /tmp.
+processes listened on; no mount under its TMPDIR; no mount, loopback address, network namespace,
+link, cgroup or path under /run, /var/lib, /var/log, /etc or /opt that appeared while it started;
+nothing in the private TMPDIR, no SeaweedFS socket of its ports in /tmp, no kubectl cache of its
+API server in ~/.kube.
 
 The real node is one per machine (its bridge, its image store's lock), so this module must run
 while no other stack holds them: file order puts it first in tests/cluster, before any session
@@ -45,6 +47,7 @@ from tests.support.paths import ROOT
 _LEFT_AFTER_S = 30.0  # the issue's bound: nothing is left this long after the signal
 # Below --timeout=900, so that a slow start fails here and is stopped, not killed with pytest.
 _READY_TIMEOUT_S = {"cluster": 600.0, "cluster-full": 720.0, "model-registry": 300.0}
+_HOST_DIRS = ("/run", "/var/lib", "/var/log", "/etc", "/opt")  # /var/run is /run
 _COMMANDS = {
     "cluster": ["-m", "localcluster"],
     "cluster-full": ["-m", "localcluster", "--kfp"],
@@ -128,6 +131,7 @@ class HostState:
     links: frozenset[str]
     netns: frozenset[str]
     cgroups: frozenset[str]
+    host_paths: frozenset[str]
 
     @classmethod
     def now(cls) -> HostState:
@@ -139,7 +143,10 @@ class HostState:
             loopback=frozenset(a["local"] for link in lo for a in link.get("addr_info", [])),
             links=frozenset(link["ifname"] for link in _ip_json("link", "show")),
             netns=frozenset(map(str, nodeclean.NETNS.glob("*"))) if nodeclean.NETNS.is_dir() else frozenset(),
-            cgroups=frozenset(str(d) for d in nodeclean.CGROUP_ROOT.glob("*/kubepods")),
+            # A kubelet's kubepods tree, or any other cgroup made at the top of a hierarchy.
+            cgroups=frozenset(str(d) for d in nodeclean.CGROUP_ROOT.glob("*/*/") if d.is_dir()),
+            # What a kubelet, containerd or CNI makes by default outside its configured directories.
+            host_paths=frozenset(str(p) for top in _HOST_DIRS for p in Path(top).glob("*")),
         )
 
     def added_since(self, before: HostState) -> dict[str, list[str]]:
@@ -265,7 +272,16 @@ class Foreground:
         return left
 
     def leftovers(self, before: HostState) -> dict[str, list[str]]:
-        left = HostState.now().added_since(before)
+        # The machine-wide state counts where it changed while this command started (another
+        # stack on the machine may change it later), and the mounts under its TMPDIR in any case.
+        now = HostState.now()
+        left = {
+            name: kept
+            for name, added in now.added_since(before).items()
+            if (kept := sorted(set(added) & set(self.added_while_up.get(name, []))))
+        }
+        if mounts := sorted(m for m in now.mounts if m.startswith(f"{self.tmpdir}/")):
+            left["mounts under its TMPDIR"] = mounts
         if processes := self.processes_left():
             left["processes"] = processes
         if ports := self.ports & set(_listening_inodes().values()):
@@ -274,7 +290,16 @@ class Foreground:
             left["in its TMPDIR"] = files
         if sockets := [str(p) for p in _weed_sockets() if int(p.stem.rpartition("-")[2]) in self.ports]:
             left["weed sockets in /tmp"] = sockets
+        discovery = Path.home() / ".kube" / "cache" / "discovery"
+        if caches := [str(discovery / f"127.0.0.1_{port}") for port in sorted(self.ports)
+                      if (discovery / f"127.0.0.1_{port}").exists()]:  # fmt: skip
+            left["kubectl caches in ~/.kube"] = caches
         return left
+
+
+def _other_stacks(marker: str | None) -> list[str]:
+    """Processes of other harnesses on this machine (another marker): what else may have changed it."""
+    return [str(pid) for pid in _pids() if (m := _environ_marker(pid)) and m != marker][:20]
 
 
 def _undo(fg: Foreground, left: dict[str, list[str]]) -> None:
@@ -282,7 +307,9 @@ def _undo(fg: Foreground, left: dict[str, list[str]]) -> None:
     for line in left.get("processes", []):
         with contextlib.suppress(ProcessLookupError):
             os.kill(int(line.split()[0]), signal.SIGKILL)
-    for point in sorted(left.get("mounts", []), key=len, reverse=True):
+    for point in sorted(
+        left.get("mounts", []) + left.get("mounts under its TMPDIR", []), key=len, reverse=True
+    ):
         subprocess.run(["umount", "-l", point], capture_output=True)
     for address in left.get("loopback", []):
         subprocess.run(["ip", "addr", "del", f"{address}/32", "dev", "lo"], capture_output=True)
@@ -294,6 +321,10 @@ def _undo(fg: Foreground, left: dict[str, list[str]]) -> None:
         subprocess.run(["umount", netns], capture_output=True)
         with contextlib.suppress(OSError):
             os.unlink(netns)
+    for path in left.get("host_paths", []):
+        nodeclean.remove_paths([path])
+    for path in left.get("kubectl caches in ~/.kube", []):
+        shutil.rmtree(path, ignore_errors=True)
     for path in left.get("weed sockets in /tmp", []):
         with contextlib.suppress(OSError):
             os.unlink(path)
@@ -346,6 +377,8 @@ def _start_and_stop(name: str, how: signal.Signals, tmpdir: Path, record_timing)
         )
         if left:
             _undo(fg, left)
+            if others := _other_stacks(fg.marker):
+                left["(other localcluster stacks ran meanwhile: their processes)"] = others
         assert not left, (
             f"{_LEFT_AFTER_S:.0f} s after {name} exited on {how.name} (in {exited_in:.1f} s), these were left:\n"
             + json.dumps(left, indent=1)

@@ -42,6 +42,7 @@ import pytest
 
 from localcluster import nodeclean, reaper
 from localcluster.node import BRIDGE
+from localcluster.prerequisites import missing_for_real_node
 from tests.support.paths import ROOT
 
 _LEFT_AFTER_S = 30.0  # the bound: nothing is left this long after the signal
@@ -412,6 +413,7 @@ def test_make_cluster_stops_clean(how, private_tmpdir, record_timing):
     _start_and_stop("cluster", how, private_tmpdir, record_timing)
 
 
+@pytest.mark.skipif(missing_for_real_node() is not None, reason=str(missing_for_real_node()))
 def test_make_cluster_full_stops_clean_when_killed(private_tmpdir, record_timing):
     fg = _start_and_stop("cluster-full", signal.SIGKILL, private_tmpdir, record_timing)
     # Not vacuous: while it was up, the machine held a real node's bridge and the kubernetes

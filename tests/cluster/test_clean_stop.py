@@ -345,7 +345,7 @@ def private_tmpdir():
 
 def _start_and_stop(name: str, how: signal.Signals, tmpdir: Path, record_timing) -> Foreground:
     before = HostState.now()
-    if BRIDGE in before.links:
+    if name == "cluster-full" and BRIDGE in before.links:
         pytest.fail(
             f"a real node is up on this machine (bridge {BRIDGE}): run this module before any other stack"
         )

@@ -65,6 +65,11 @@ def _start_kfp(cp, services: contextlib.ExitStack) -> None:
     from localcluster.prerequisites import missing_for_real_node
 
     store = services.enter_context(EmbeddedObjectStore(cp.dir / "kfp-store", bucket=BUCKET))
+    # weed makes its unix sockets in /tmp whatever TMPDIR says, and only the store's own stop
+    # removes them: if this process is killed, the reaper does.
+    remove_sockets = ["rm", "-f", *map(str, store._socket_paths())]
+    reaper.track_command(remove_sockets)
+    services.callback(reaper.untrack, "command", remove_sockets)
     pod_defaults = None
     missing = missing_for_real_node()
     if missing:

@@ -332,13 +332,16 @@ class ControlPlane:
     ) -> subprocess.CompletedProcess:
         """Run the pinned kubectl as admin (or as `kubeconfig`); never raises on a non-zero exit."""
         return subprocess.run(
-            [str(self._kubectl_bin), f"--kubeconfig={kubeconfig or self.kubeconfig}", *args],
+            # Its discovery and HTTP caches go with the cluster, not into ~/.kube/cache (one more
+            # folder per cluster there, forever).
+            [str(self._kubectl_bin), f"--kubeconfig={kubeconfig or self.kubeconfig}",
+             f"--cache-dir={self.dir / 'kubectl-cache'}", *args],
             input=input,
             capture_output=True,
             text=True,
             timeout=timeout,
             env=procs.child_env(),
-        )
+        )  # fmt: skip
 
     def kubectl_ok(self, *args: str, **kwargs) -> subprocess.CompletedProcess:
         """kubectl that raises with kubectl's own message when it fails."""

@@ -46,6 +46,8 @@ def preexec_session() -> None:  # runs in the child between fork and exec
     os.setsid()
     if threading.current_thread() is threading.main_thread():
         # PR_SET_PDEATHSIG fires when the forking *thread* exits: only safe from the main thread.
+        # mariadbd --user=mysql loses it when it changes user (the kernel clears it on a credential
+        # change): as root, only the reaper stops it after a SIGKILL of the harness.
         with contextlib.suppress(Exception):
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 

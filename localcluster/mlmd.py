@@ -88,7 +88,7 @@ def ensure_mlmd_venv() -> pathlib.Path:
     target = venv_dir()
     if _is_current(target):
         return target
-    with gobuild._lock(target.parent / f".lock-{target.name}"):
+    with gobuild.file_lock(target.parent / f".lock-{target.name}"):
         if _is_current(target):
             return target  # another process built it while this one waited
         tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=target.parent))

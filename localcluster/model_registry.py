@@ -7,8 +7,10 @@ and cached outside the repository (``localcluster/gobuild.py``, pinned in ``vers
 run as the unprivileged ``mysql`` user when we are root. No password anywhere: the database
 listens on loopback only and lives as long as the harness.
 
-Each process gets its own session (process group) and is told to die with its parent, so a
-crashed test leaves no server behind. ``stop_server()``/``start_server()`` take the registry
+Each process gets its own session (process group) and is told to die with its parent; mariadbd
+forgets that when it becomes ``mysql`` (a change of user clears the parent-death signal), so a
+killed harness leaves no server behind because the reaper (reaper.py) stops what it tracked.
+``stop_server()``/``start_server()`` take the registry
 down and bring it back on the same port and database (the outage tests).
 """
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import pathlib
 import shutil
 import socket
@@ -41,6 +42,10 @@ BRIDGE = "cifar10kfp0"
 HOST_IP = "10.88.0.1"  # the bridge's own address: pods reach host services here
 _START_TIMEOUT_S = 180.0
 _NODE_BINARIES = ("kubelet", "containerd", "containerd-shim-runc-v2", "ctr", "runc")
+#: Where the kubelet writes whatever its flags say: the device plugins' socket
+#: (/var/lib/kubelet/device-plugins/kubelet.sock) and the container log links. A node that made
+#: them removes them.
+_FIXED_PATHS = ("/var/lib/kubelet", "/var/log/containers")
 
 
 def _short_tmp() -> str:
@@ -105,10 +110,12 @@ class RealNode:
     def start(self) -> None:
         started = time.monotonic()
         self._netns_before = nodeclean.sandbox_netns()
+        self._made_paths = [p for p in _FIXED_PATHS if not os.path.lexists(p)]
         self._reaper_entry = {
             "dir": str(self.dir),
             "netns_before": sorted(map(str, self._netns_before)),
             "bridge": BRIDGE,
+            "made_paths": self._made_paths,
         }
         reaper.track_node(self._reaper_entry)
         reaper.track_dir(self.dir)
@@ -140,6 +147,7 @@ class RealNode:
         nodeclean.clear_pod_cgroups()
         self._unmount_all()
         nodeclean.remove_netns(self._netns_before)
+        nodeclean.remove_paths(getattr(self, "_made_paths", []))
         if self._store_lock is not None:
             self._store_lock.close()  # releases the image store's lock
             self._store_lock = None
@@ -216,6 +224,13 @@ state = "{self.dir / "containerd-state"}"
 [{runtime}.containerd.runtimes.runc.options]
   BinaryName = "{self.bin["runc"]}"
   SystemdCgroup = false
+
+[plugins.'io.containerd.internal.v1.opt']
+  # Not the default /opt/containerd, nor NRI's /var/run/nri/nri.sock: nothing outside the node's directory.
+  path = "{self.dir / "opt"}"
+
+[plugins.'io.containerd.nri.v1.nri']
+  socket_path = "{self.dir / "nri.sock"}"
 
 [{runtime}.cni]
   bin_dirs = ["{self._cni_bin_dir}"]
@@ -376,6 +391,7 @@ state = "{self.dir / "containerd-state"}"
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,
             "failSwapOn": False,
+            "podLogsDir": str(self.dir / "pod-logs"),  # not /var/log/pods
             "resolvConf": "/etc/resolv.conf",
             "serializeImagePulls": False,
             "fileCheckFrequency": "5s",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import shutil
 import subprocess
 
 NETNS = pathlib.Path("/run/netns")
@@ -68,3 +69,14 @@ def unmount_under(directory: pathlib.Path) -> None:
         points = [line.split()[4] for line in fh if line.split()[4].startswith(prefix)]
     for point in sorted(points, key=len, reverse=True):
         subprocess.run(["umount", "-l", point], capture_output=True)
+
+
+def remove_paths(paths: list[str]) -> None:
+    """Remove the host paths a node made where no flag moves them (unmounting what is under them first)."""
+    for path in paths:
+        unmount_under(pathlib.Path(path))
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)

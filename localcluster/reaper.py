@@ -14,7 +14,8 @@ the harness is gone, and the reaper undoes what is still tracked:
    set in the harness's environment and so inherited by everything it starts, whatever session or
    process group it moved to: containerd's shims, mariadbd under its own user);
 3. for a tracked node: its shims, the kubelet's pod cgroups (what containers still run), the
-   mounts under its directory, the network namespaces it made, its bridge (nodeclean.py);
+   mounts under its directory, the network namespaces it made, its bridge, the host paths the
+   kubelet made where no flag moves them (nodeclean.py);
 4. runs every tracked undo command (an address taken off loopback);
 5. unmounts what is under each tracked directory and removes it.
 
@@ -150,6 +151,7 @@ def _clean_node(node: dict) -> None:
     nodeclean.unmount_under(node_dir)
     nodeclean.remove_netns({pathlib.Path(p) for p in node["netns_before"]})
     subprocess.run(["ip", "link", "del", node["bridge"]], capture_output=True)
+    nodeclean.remove_paths(node.get("made_paths", []))
 
 
 def clean_up(tracked: dict[str, list], marker: str | None) -> None:

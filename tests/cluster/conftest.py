@@ -47,6 +47,12 @@ def trainer_stack(request, control_plane):
 
 
 @pytest.fixture
+def record_timing():
+    """`record_timing(what, seconds)`: a line of the closing table's timings (a scenario's own start or stop)."""
+    return _TIMINGS.__setitem__
+
+
+@pytest.fixture
 def cluster_namespace(control_plane):
     """A fresh namespace whose default service account exists; deleted afterwards."""
     name = control_plane.create_namespace(f"t-{uuid.uuid4().hex[:8]}")

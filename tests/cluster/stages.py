@@ -1,5 +1,6 @@
-"""The stages of issue 24 ("the pipeline runs for real") and the scenarios of `make test-cluster`
-that show each one; the closing table prints a result per stage (tests/cluster/conftest.py)."""
+"""The stages of issue 24 ("the pipeline runs for real") and issue 34's clean stop, and the scenarios
+of `make test-cluster` that show each one; the closing table prints a result per stage
+(tests/cluster/conftest.py)."""
 
 from __future__ import annotations
 
@@ -23,4 +24,7 @@ STAGES: list[tuple[str, set[str]]] = [
         "test_training_workflow_keeps_gpu_secrets_retries_and_caching", "test_no_cache_submission_caches_nothing",
         "test_other_pipelines_keep_secrets_on_every_step",
     }),
+    ("34.6 make cluster stops clean (INT/KILL)", {"test_make_cluster_stops_clean"}),
+    ("34.6 make cluster-full stops clean (KILL)", {"test_make_cluster_full_stops_clean_when_killed"}),
+    ("34.6 make model-registry stops clean (TERM/KILL)", {"test_make_model_registry_stops_clean"}),
 ]  # fmt: skip

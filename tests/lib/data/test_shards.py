@@ -56,7 +56,9 @@ def _damage(kind: str, store, uri: str, name: str) -> None:
     elif kind == "truncated":
         store.put_bytes(store.get_bytes(target)[:-100], target)
     elif kind == "digest":  # another valid shard of the same shape under the same name
-        other = write_shards(make_tiny_dataset(n_train=100, seed=7), join_uri(uri, "other"), store, shard_samples=32)
+        other = write_shards(
+            make_tiny_dataset(n_train=100, seed=7), join_uri(uri, "other"), store, shard_samples=32
+        )
         store.put_bytes(store.get_bytes(join_uri(other.uri, name)), target)
     elif kind == "overclaim":  # the index says the shard holds more than it does
         raw = json.loads(store.get_bytes(join_uri(uri, "index.json")))
@@ -68,7 +70,12 @@ def _damage(kind: str, store, uri: str, name: str) -> None:
 
 @pytest.mark.parametrize(
     "kind, message",
-    [("missing", "is missing"), ("truncated", "truncated"), ("digest", "sha256"), ("overclaim", "index claims")],
+    [
+        ("missing", "is missing"),
+        ("truncated", "truncated"),
+        ("digest", "sha256"),
+        ("overclaim", "index claims"),
+    ],
 )
 def test_a_bad_shard_is_refused_by_name_before_any_data_is_used(store_env, kind, message):
     uri = store_env.root_uri("shards", kind)
@@ -102,7 +109,9 @@ def test_streamed_preprocess_matches_the_in_memory_one_and_is_cached(store_env, 
     params = PrepareParams(val_fraction=0.2, max_train_samples=36, image_size=16, seed=3)
     digest = sha256_file(archive)
     info = preprocess_shards.prepare_to_shards(archive, params=params, store=store_env, shard_samples=8)
-    assert not info.cache_hit and info.uri.startswith(store_env.root_uri("prepared", params.cache_key(digest)))
+    assert not info.cache_hit and info.uri.startswith(
+        store_env.root_uri("prepared", params.cache_key(digest))
+    )
     expected, _ = build_dataset(archive, params, digest)
     got = load_all(open_shards(info.uri, store_env), store_env)
     for split in ("train", "val", "test"):  # same images and labels, in archive order rather than index order
@@ -110,7 +119,9 @@ def test_streamed_preprocess_matches_the_in_memory_one_and_is_cached(store_env, 
         want_images, want_labels = expected.split(split)
         assert _rows(images) == _rows(want_images)
         assert sorted(labels.tolist()) == sorted(want_labels.tolist())
-    assert got.mean == pytest.approx(expected.mean, abs=1e-12) and got.std == pytest.approx(expected.std, abs=1e-12)
+    assert got.mean == pytest.approx(expected.mean, abs=1e-12) and got.std == pytest.approx(
+        expected.std, abs=1e-12
+    )
     assert got.counts() == expected.counts() and info.metadata["sizes"] == {"train": 29, "val": 7, "test": 12}
     again = preprocess_shards.prepare_to_shards(
         tmp_path / "gone.tar.gz", params=params, store=store_env, shard_samples=8, source_digest=digest

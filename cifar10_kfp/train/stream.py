@@ -76,12 +76,21 @@ class _PartitionReader:
         return sum(e.samples for e in self.windows[window]) if window < len(self.windows) else 1 << 62
 
     def _read(self, window: int) -> tuple[np.ndarray, np.ndarray]:
+        """The window's samples in their shuffled order, written once: a window and one shard in memory."""
         shards: list[ShardEntry] = self.windows[window]
-        parts = [read_shard(self.stream.index, e, self.stream.store) for e in shards]
-        images = np.concatenate([p[0] for p in parts])
-        labels = np.concatenate([p[1] for p in parts])
-        perm = _rng(*self.key, 1, window).permutation(len(labels))
-        return images[perm], labels[perm]
+        total = sum(e.samples for e in shards)
+        perm = _rng(*self.key, 1, window).permutation(total)
+        where = np.empty_like(perm)
+        where[perm] = np.arange(total)  # sample i of the window goes to position where[i]
+        size = self.stream.index.image_size
+        images, labels = np.empty((total, 3, size, size), dtype=np.uint8), np.empty(total, dtype=np.int64)
+        offset = 0
+        for entry in shards:
+            shard_images, shard_labels = read_shard(self.stream.index, entry, self.stream.store)
+            rows = where[offset : offset + len(shard_labels)]
+            images[rows], labels[rows] = shard_images, shard_labels
+            offset += len(shard_labels)
+        return images, labels
 
     def _prefetch(self) -> None:
         nxt = self.window + 1

@@ -114,26 +114,6 @@ class _PartitionReader:
         return np.concatenate(images), np.concatenate(labels)
 
 
-_MMAP_THRESHOLD = 4 << 20  # bytes; shard-sized blocks (MBs) above it go back to the system when freed
-
-
-def _return_freed_shards_to_the_system() -> None:
-    """Fix glibc's mmap threshold, so that freed shard buffers leave the process instead of piling up.
-
-    glibc serves large blocks with mmap and gives them back on free, but after the first such free it
-    raises its threshold to that block's size (up to 32 MB): from then on every shard-sized buffer
-    (a download, its decoded arrays) comes from a heap arena and stays resident after use, one arena
-    per read-ahead thread. Measured at 16x in the data-scale benchmark: 180 MB of a streamed run's peak.
-    Setting the threshold explicitly turns that adjustment off. Not glibc (or no ctypes): nothing to do.
-    """
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").mallopt(-3, _MMAP_THRESHOLD)  # -3 = M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        pass
-
-
 class StreamedTrain:
     """The training split streamed from shards; ``epoch`` yields what ``TrainBatches.epoch`` does."""
 
@@ -144,7 +124,6 @@ class StreamedTrain:
             raise ValueError(f"stream_partitions={parts} is more than the {len(entries)} train shards of "
                              f"{index.uri}: a partition would be empty")  # fmt: skip
         self.index, self.store, self.device = index, store, device
-        _return_freed_shards_to_the_system()
         self.partitions = [entries[p::parts] for p in range(parts)]
         self.window = max(1, -(-config.shuffle_buffer // max(e.samples for e in entries)))
         self.max_shift, self.flip, self.channels_last = config.translate, config.flip, config.channels_last

@@ -39,9 +39,11 @@ SHARD_SAMPLES = 512
 MEMORY_NOTE = (
     "Memory is not flat yet: the streamed run's peak grows with the data about as much as the in-memory run's "
     "at these sizes. The data it holds is bounded (two shuffle windows of 2048 images, 56 MB each at 96 px, plus "
-    "one shard), so most of the growth is elsewhere. One diagnostic run at 16x (same machine, same shards): peak "
-    "1,520 MB as is, 1,340 MB with MALLOC_MMAP_THRESHOLD_=1048576. So part of it is glibc keeping freed "
-    "shard-sized buffers in its heap; the rest has not been traced."
+    "one shard, and 1x is smaller than one window), so most of the growth is elsewhere. Diagnostic runs at 16x "
+    "(same machine, same shards): peak 1,520 MB as is, 1,340 MB with MALLOC_MMAP_THRESHOLD_=1048576, so part of it "
+    "is glibc keeping freed shard-sized buffers in its heap. Fixing the threshold in-process (mallopt, tried and "
+    "reverted) kept the lower peak but cost about 30% of the streamed path's images per CPU second, as torch's "
+    "large activation buffers were then mmapped afresh every step; the rest of the growth has not been traced."
 )
 
 

@@ -295,6 +295,11 @@ BENCHMARKS: dict[str, tuple[str, str, Callable[[BenchContext], dict]]] = {
         "checkpoint and dataset throughput: embedded S3 server vs local disk",
         _mine("benchmarks.bench_storage"),
     ),
+    "data_scale": (
+        "Data scale",
+        "peak RSS, images/s and s/epoch at 1x/4x/16x a base size: streamed shards beside the in-memory path",
+        _mine("benchmarks.bench_data_scale"),
+    ),
     "attribution": (
         "Attribution maps",
         "seconds for the report's Integrated Gradients grid vs evaluating the test split, on the CPU",
@@ -420,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         "size": size,
         "command": f"python -m benchmarks.run {argv_text}".strip(),
         "machine": machine_info(),
-        "archive": str(ctx.archive),
+        "archive": os.path.relpath(ctx.archive, ROOT),  # relative to the repo: no machine's own paths
         "benchmarks": {},
     }
     fresh = {}

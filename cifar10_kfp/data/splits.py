@@ -44,17 +44,35 @@ def split_validation(labels: np.ndarray, fraction: float, rng: np.random.Generat
     return np.flatnonzero(keep), val
 
 
+class ChannelHistogram:
+    """Per-channel 256-bin pixel histograms, added batch by batch: exact mean/std without the whole split."""
+
+    def __init__(self, channels: int = 3):
+        self.hist = np.zeros((channels, 256), dtype=np.int64)
+
+    def add(self, images: np.ndarray) -> None:
+        for c in range(self.hist.shape[0]):
+            self.hist[c] += np.bincount(np.ascontiguousarray(images[:, c]).reshape(-1), minlength=256)
+
+    def stats(self) -> tuple[list[float], list[float]]:
+        """Mean and std in pixel/255 units; zeros for an empty split."""
+        if self.hist[0].sum() == 0:
+            return [0.0] * len(self.hist), [0.0] * len(self.hist)
+        values = np.arange(256, dtype=np.float64) / 255.0
+        means, stds = [], []
+        for hist in self.hist.astype(np.float64):
+            n = hist.sum()
+            mean = float((hist * values).sum() / n)
+            var = float((hist * (values - mean) ** 2).sum() / n)
+            means.append(mean)
+            stds.append(var**0.5)
+        return means, stds
+
+
 def channel_stats(images: np.ndarray) -> tuple[list[float], list[float]]:
     """Per-channel mean and std in pixel/255 units, exact, from 256-bin histograms (no float copy)."""
     if len(images) == 0:
         return [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
-    values = np.arange(256, dtype=np.float64) / 255.0
-    means, stds = [], []
-    for c in range(images.shape[1]):
-        hist = np.bincount(np.ascontiguousarray(images[:, c]).reshape(-1), minlength=256).astype(np.float64)
-        n = hist.sum()
-        mean = float((hist * values).sum() / n)
-        var = float((hist * (values - mean) ** 2).sum() / n)
-        means.append(mean)
-        stds.append(var**0.5)
-    return means, stds
+    hist = ChannelHistogram(images.shape[1])
+    hist.add(images)
+    return hist.stats()

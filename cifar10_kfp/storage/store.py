@@ -286,6 +286,29 @@ class ObjectStore:
             )
         return data
 
+    def get_range(self, uri: str | os.PathLike, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes from ``offset`` (fewer at the end): a header, without the whole object.
+
+        Unverified by nature (a digest covers the whole object); the caller checks what it reads.
+        """
+        loc = parse_uri(uri)
+        if loc.path is not None:
+            if not loc.path.is_file():
+                raise ObjectNotFound(f"no such file {loc.path}")
+            with open(loc.path, "rb") as fh:
+                fh.seek(offset)
+                return fh.read(length)
+
+        def op():
+            response = self.client.get_object(_bucket(loc), loc.key, offset=offset, length=length)
+            try:
+                return response.read()
+            finally:
+                response.close()
+                response.release_conn()
+
+        return self._call("download", loc, op)
+
     # -- directories ------------------------------------------------------------------
 
     # `builtins.list`: inside this class `list` names the method above.

@@ -105,6 +105,10 @@ class TrainBatches:
     def __len__(self) -> int:
         return self._n
 
+    def steps(self, batch_size: int) -> int:
+        """Steps in an epoch of global batches of ``batch_size`` (the last partial one dropped)."""
+        return self._n // batch_size
+
     def _build_windows(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
         """The padded (and mirrored) split, and the overlapping view with one row per window."""
         n, channels, height, width = images.shape
@@ -227,6 +231,11 @@ class DeviceData:
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
+
+    def batches(self, batch_size: int):
+        """(images, labels) slices of ``batch_size``, in order (as ``stream.StreamedSplit.batches``)."""
+        for lo in range(0, len(self), batch_size):
+            yield self.images[lo : lo + batch_size], self.labels[lo : lo + batch_size]
 
 
 def training_batches(

@@ -63,6 +63,18 @@ class TrainConfig:
     eval_split: str = "val"  # split evaluated after every epoch; "val" falls back to "test" when val is empty
     eval_batch_size: int = 1024  # images per evaluation step; memory only, no effect on results
 
+    # --- where the training data is read from (docs/configuration.md, "Data path") ---------------
+    data_path: str = (
+        "auto"  # "auto": in memory if it fits memory_budget_gb, else streamed; "memory"; "stream"
+    )
+    stream_partitions: int = (
+        1  # streamed: fixed shard partitions; each of W ranks reads P/W, so W must divide P
+    )
+    shuffle_buffer: int = (
+        4096  # streamed: samples shuffled together per partition (rounded up to whole shards)
+    )
+    memory_budget_gb: float = 0.0  # "auto": most the in-memory path may take; 0 = half this machine's memory
+
     # --- runtime -----------------------------------------------------------------------------
     seed: int = 0  # seeds init, data order and augmentation; same seed -> same result (bitwise on CPU)
     device: str = "auto"  # "auto" (cuda if available), "cpu", "cuda", "cuda:N"
@@ -92,8 +104,16 @@ class TrainConfig:
             "keep_checkpoints",
             "progress",
             "eval_batch_size",
+            "memory_budget_gb",
         }
     )
+    # the data-path fields at their defaults are left out of config_hash(), so that the hashes (and so
+    # the default checkpoint prefixes) of configs written before these fields existed stay the same
+    DATA_PATH_DEFAULTS: typing.ClassVar[dict] = {
+        "data_path": "auto",
+        "stream_partitions": 1,
+        "shuffle_buffer": 4096,
+    }
 
     def __post_init__(self) -> None:
         self.widths = tuple(int(w) for w in self.widths)
@@ -130,6 +150,10 @@ class TrainConfig:
             ("keep_checkpoints", self.keep_checkpoints >= 1, ">= 1"),
             ("whiten_samples", self.whiten_samples >= 1, ">= 1"),
             ("bn_momentum", 0 < self.bn_momentum <= 1, "in (0, 1]"),
+            ("data_path", self.data_path in ("auto", "memory", "stream"), "'auto', 'memory' or 'stream'"),
+            ("stream_partitions", self.stream_partitions >= 1, ">= 1"),
+            ("shuffle_buffer", self.shuffle_buffer >= 1, ">= 1"),
+            ("memory_budget_gb", self.memory_budget_gb >= 0, ">= 0 (0 = half this machine's memory)"),
         ]
         for name, ok, rule in checks:
             if not ok:
@@ -159,6 +183,9 @@ class TrainConfig:
     def config_hash(self, length: int = 12) -> str:
         """Short hash of everything that decides what is computed (runtime-only fields excluded)."""
         semantic = {k: v for k, v in self.to_dict().items() if k not in self.RUNTIME_FIELDS and k != "preset"}
+        for key, default in self.DATA_PATH_DEFAULTS.items():
+            if semantic[key] == default:
+                del semantic[key]
         return hashlib.sha256(json.dumps(semantic, sort_keys=True).encode()).hexdigest()[:length]
 
     @classmethod

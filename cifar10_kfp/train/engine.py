@@ -38,6 +38,7 @@ from torch import nn
 if TYPE_CHECKING:  # annotation only: the data stage is imported where a dataset is loaded
     from cifar10_kfp.data.format import PreparedDataset
     from cifar10_kfp.storage import ObjectStore
+    from cifar10_kfp.train.stream import StreamedDataset, StreamedSplit, StreamedTrain
 
 from cifar10_kfp.tracking import Tracker, open_tracker
 from cifar10_kfp.train.augment import DeviceData, TrainBatches, training_batches
@@ -149,35 +150,45 @@ def seed_everything(seed: int) -> None:
 
 @dataclass
 class RunData:
-    """The prepared dataset of a run, on the device and laid out for training and evaluation."""
+    """The dataset of a run, on the device (or streamed to it) and laid out for training and evaluation."""
 
-    dataset: PreparedDataset
-    train: TrainBatches
-    eval: DeviceData
+    dataset: PreparedDataset | StreamedDataset
+    train: TrainBatches | StreamedTrain
+    eval: DeviceData | StreamedSplit
     eval_split: str
     normalizer: Normalize
     batch_size: int  # global images per step
     steps_per_epoch: int
+    stream_layout: dict | None = None  # the streamed path's layout, kept in checkpoints; None in memory
 
 
 def load_run_data(config: TrainConfig, data: str, runtime: Runtime) -> RunData:
-    from cifar10_kfp.data.format import load_prepared
+    from cifar10_kfp.train.stream import StreamedDataset, StreamedSplit, StreamedTrain, open_dataset
 
     device = runtime.device
-    dataset = load_prepared(data)
+    path, dataset = open_dataset(config, data)
     eval_split = config.eval_split
     if eval_split == "val" and len(dataset.val_labels) == 0:
         log.info("validation split is empty: evaluating on the test split after every epoch")
         eval_split = "test"
-    train_data = training_batches(dataset.train_images, dataset.train_labels, config, device)
-    eval_data = DeviceData.from_numpy(*dataset.split(eval_split), device)
+    train_data: TrainBatches | StreamedTrain
+    eval_data: DeviceData | StreamedSplit
+    if isinstance(dataset, StreamedDataset):
+        train_data = StreamedTrain(dataset.index, dataset.store, config, device)
+        train_data.check_world(runtime.world_size)  # refused here, before any step, not in the first epoch
+        eval_data = StreamedSplit(dataset.index, eval_split, dataset.store, device)
+    else:
+        train_data = training_batches(dataset.train_images, dataset.train_labels, config, device)
+        eval_data = DeviceData.from_numpy(*dataset.split(eval_split), device)
     if len(eval_data) == 0:
         raise ValueError(f"the {eval_split!r} split of {data} is empty: nothing to evaluate on")
     normalizer = Normalize(dataset.mean, dataset.std, device, channels_last=config.channels_last)
     batch_size = global_batch_size(config, len(train_data), runtime.world_size)
-    return RunData(
-        dataset, train_data, eval_data, eval_split, normalizer, batch_size, len(train_data) // batch_size
-    )
+    layout = train_data.layout if isinstance(train_data, StreamedTrain) else None
+    if runtime.is_main:
+        log.info("data path: %s (%s)", path, data)
+    return RunData(dataset, train_data, eval_data, eval_split, normalizer, batch_size,
+                   train_data.steps(batch_size), layout)  # fmt: skip
 
 
 # -------------------------------------------------------------------- train / eval
@@ -185,7 +196,7 @@ def load_run_data(config: TrainConfig, data: str, runtime: Runtime) -> RunData:
 
 def train_one_epoch(
     state: TrainingState,
-    data: TrainBatches,
+    data: TrainBatches | StreamedTrain,
     normalizer: Normalize,
     config: TrainConfig,
     batch_size: int,
@@ -210,7 +221,7 @@ def train_one_epoch(
     if show_bar:
         from tqdm import tqdm
 
-        steps_left = len(data) // batch_size - state.step_in_epoch
+        steps_left = data.steps(batch_size) - state.step_in_epoch
         batches = tqdm(
             batches, total=steps_left, desc=f"epoch {state.epoch + 1}", leave=False, dynamic_ncols=True
         )
@@ -246,7 +257,7 @@ def train_one_epoch(
 @torch.no_grad()
 def evaluate(
     model: nn.Module,
-    data: DeviceData,
+    data: DeviceData | StreamedSplit,
     normalizer: Normalize,
     *,
     batch_size: int = 1024,
@@ -255,11 +266,11 @@ def evaluate(
 ) -> dict:
     """Mean cross-entropy and accuracy on a split, of ``inference.predict`` (``tta``: flip TTA as served)."""
     model.eval()
-    loss_sum = torch.zeros((), device=data.labels.device, dtype=torch.float64)
-    correct = torch.zeros((), device=data.labels.device, dtype=torch.long)
-    for lo in range(0, len(data), batch_size):
-        inputs = normalizer(data.images[lo : lo + batch_size])
-        targets = data.labels[lo : lo + batch_size]
+    device = normalizer.scale.device
+    loss_sum = torch.zeros((), device=device, dtype=torch.float64)
+    correct = torch.zeros((), device=device, dtype=torch.long)
+    for images, targets in data.batches(batch_size):
+        inputs = normalizer(images)
         with autocast or contextlib.nullcontext():
             logits = predict(model, inputs, tta=tta)
         loss_sum += F.cross_entropy(logits, targets, reduction="sum").double()
@@ -325,8 +336,9 @@ def train_in_this_process(
         state = build_training_state(config, run.dataset, runtime.device, run.steps_per_epoch)
         identity = model_identity(config, run.dataset.num_classes, run.dataset.image_size)
         checkpoints = RunCheckpoints(
-            checkpoint_uri, config, identity, run.batch_size, run.steps_per_epoch, runtime
-        )
+            checkpoint_uri, config, identity, run.batch_size, run.steps_per_epoch, runtime,
+            stream_layout=run.stream_layout,
+        )  # fmt: skip
         checkpoints.resume(state)
         wrap_for_training(state, config, runtime)
         clock = RunClock(state.history, (state.resumed or {}).get("clock"), process_start)

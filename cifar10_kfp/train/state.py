@@ -165,11 +165,13 @@ def build_model_for(config: TrainConfig, dataset, device: torch.device) -> nn.Mo
     net = build_model(config.architecture, dataset.num_classes, dataset.image_size, **config.model_config())
     init_whitening = getattr(net, "init_whitening", None)  # architectures with a whitening stem
     if config.whiten and init_whitening is not None:
-        # a seeded random sample: prepared splits may be ordered by class
-        generator = torch.Generator().manual_seed(config.seed)
-        pick = torch.randperm(len(dataset.train_labels), generator=generator)
-        rows = pick[: config.whiten_samples].sort().values.numpy()
-        sample = torch.from_numpy(dataset.train_images[rows])
+        if hasattr(dataset, "train_sample"):  # a streamed dataset: a sample from a few seeded shards
+            sample = torch.from_numpy(dataset.train_sample(config.whiten_samples, config.seed))
+        else:  # a seeded random sample: prepared splits may be ordered by class
+            generator = torch.Generator().manual_seed(config.seed)
+            pick = torch.randperm(len(dataset.train_labels), generator=generator)
+            rows = pick[: config.whiten_samples].sort().values.numpy()
+            sample = torch.from_numpy(dataset.train_images[rows])
         init_whitening(Normalize(dataset.mean, dataset.std, torch.device("cpu"))(sample))
     memory_format = torch.channels_last if config.channels_last else torch.preserve_format
     # Module.to accepts memory_format (torch._C._nn._parse_to); torch's stub overloads omit it.
@@ -218,8 +220,9 @@ def wrap_for_training(state: TrainingState, config: TrainConfig, runtime: Runtim
 
 
 def checkpoint_payload(
-    state: TrainingState, config: TrainConfig, identity: dict, batch_size: int, world_size: int, clock: dict
-) -> dict:
+    state: TrainingState, config: TrainConfig, identity: dict, batch_size: int, world_size: int, clock: dict,
+    stream_layout: dict | None = None,
+) -> dict:  # fmt: skip
     """Everything needed to continue exactly from here (rank 0's view; weights are the same on all ranks)."""
     mid_epoch = state.step_in_epoch > 0
     return {
@@ -236,6 +239,8 @@ def checkpoint_payload(
             "next_epoch": state.epoch,
             "batch_size": batch_size,  # global: the position below only means something for this batch
             "step_in_epoch": state.step_in_epoch,
+            # the streamed path: the position above is in this stream (stream.StreamedTrain.layout)
+            **({"stream": stream_layout} if stream_layout is not None else {}),
         },
         "epoch_sums": state.sums.state_dict() if mid_epoch else None,
         "world_size": world_size,
@@ -253,6 +258,7 @@ def restore_training_state(
     *,
     where: str,
     is_main: bool,
+    stream_layout: dict | None = None,
 ) -> None:
     """Load a verified checkpoint into ``state`` (before ``wrap_for_training``); refuse a different model.
 
@@ -268,6 +274,12 @@ def restore_training_state(
             f"{where} stopped in the middle of an epoch trained with a global batch of {order.get('batch_size')} "
             f"images; this run's global batch is {batch_size}, so its position in the epoch means nothing here. "
             "Resume with the same batch_size, or use another checkpoint URI."
+        )
+    if step_in_epoch and order.get("stream") != stream_layout:
+        raise ValueError(
+            f"{where} stopped in the middle of an epoch read as {order.get('stream') or 'in memory'}; this run "
+            f"reads {stream_layout or 'in memory'}, so its position in the epoch means nothing here. Resume with "
+            "the same dataset, data_path, stream_partitions and shuffle_buffer, or use another checkpoint URI."
         )
     state.net.load_state_dict(saved["model"])
     state.optimizer.load_state_dict(saved["optimizer"])
@@ -304,7 +316,7 @@ class RunCheckpoints:
     """Resume from and write a run's checkpoints, per ``CheckpointPolicy`` (rank 0 writes)."""
 
     def __init__(self, uri: str, config: TrainConfig, identity: dict, batch_size: int, steps_per_epoch: int,
-                 runtime: Runtime):  # fmt: skip
+                 runtime: Runtime, *, stream_layout: dict | None = None):  # fmt: skip
         self.manager = CheckpointManager(uri, keep=config.keep_checkpoints) if uri else None
         self.policy = CheckpointPolicy(
             config.checkpoint_every, getattr(config, "checkpoint_every_steps", 0),
@@ -312,6 +324,7 @@ class RunCheckpoints:
         )  # fmt: skip
         self.config, self.identity, self.runtime = config, identity, runtime
         self.batch_size, self.steps_per_epoch = batch_size, steps_per_epoch
+        self.stream_layout = stream_layout
         self.clock = CheckpointClock()
         self.run_clock: RunClock | None = None  # the run's RunClock, set by the epoch loop
         self.epoch_started = time.perf_counter()
@@ -325,7 +338,7 @@ class RunCheckpoints:
             return
         restore_training_state(
             state, saved, self.config, self.identity, self.batch_size, where=self.manager.uri,
-            is_main=self.runtime.is_main,
+            is_main=self.runtime.is_main, stream_layout=self.stream_layout,
         )  # fmt: skip
         self.clock.reset()
         if not self.runtime.is_main:
@@ -364,7 +377,13 @@ class RunCheckpoints:
         epoch_train_s = time.perf_counter() - self.epoch_started if mid_epoch else 0.0
         clock: dict = self.run_clock.snapshot(epoch_train_s) if self.run_clock is not None else {}
         payload = checkpoint_payload(
-            state, self.config, self.identity, self.batch_size, self.runtime.world_size, clock
+            state,
+            self.config,
+            self.identity,
+            self.batch_size,
+            self.runtime.world_size,
+            clock,
+            self.stream_layout,
         )
         assert self.manager is not None  # _save is called only with a checkpoint URI
         self.manager.save(payload, epoch=state.epoch, step=state.step, mid_epoch=mid_epoch)

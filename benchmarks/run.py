@@ -36,6 +36,7 @@ from benchmarks.common import (
     BenchContext,
     Skip,
     machine_info,
+    relative_paths,
     render_markdown,
     row,
     section,
@@ -434,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         report["total_wall_s"] = time.perf_counter() - started
         report["commands"] = commands(" --quick" if size == "quick" else "")
         write_json(report, results_path)
-        (output_dir / "RESULTS.md").write_text(render_markdown(report))
+        (output_dir / "RESULTS.md").write_text(render_markdown(relative_paths(report)))
     print(f"[bench] wrote {output_dir / 'RESULTS.md'} and {results_path}", flush=True)
     return 1 if any(sec["status"] == "error" for sec in fresh.values()) else 0
 

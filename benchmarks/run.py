@@ -306,6 +306,11 @@ BENCHMARKS: dict[str, tuple[str, str, Callable[[BenchContext], dict]]] = {
         "`run-local` (kfp.local) end to end vs the same steps as library calls in one process",
         _mine("benchmarks.bench_pipeline"),
     ),
+    "kfp_overhead": (
+        "KFP overhead",
+        "a tiny training run through kfp.local and through the real KFP 2.17.0 backend on the real node (localcluster)",
+        _mine("benchmarks.bench_kfp_overhead"),
+    ),
     "tune": (
         "Tuning: TPE + ASHA vs the grid",
         "TPE + ASHA vs the grid on one candidate set: epochs to the grid's best (replays over 3 training x 30 sampler seeds)",

@@ -26,13 +26,20 @@ import pytest
 from cifar10_kfp.storage.embedded import EmbeddedObjectStore
 from cifar10_kfp.train.config import make_config
 from cifar10_kfp.trainjob import TrainJobRequest, build_trainjob
-from localcluster import gobuild, trainimage
+from localcluster import gobuild, trainimage, versions
 from localcluster.clusterdns import ClusterDns
 from localcluster.node import NODE_LABEL, NODE_TOLERATION, RealNode
 from localcluster.prerequisites import missing_for_real_node
 from tests.cluster.helpers import condition, node_index, pods_of, wait_until
 
-pytestmark = pytest.mark.skipif(missing_for_real_node() is not None, reason=str(missing_for_real_node()))
+# On the newest Trainer stack only (docs/cluster.md, "Which scenarios run on both stacks"): what these
+# real pods prove (the image, gloo between two pods, DNS, a replaced pod resuming) is ours and the node's;
+# the Trainer and JobSet controllers' part is the same objects the kwok scenarios check on both stacks.
+NEWEST_STACK = list(versions.TRAINER_STACKS)[-1]
+pytestmark = [
+    pytest.mark.skipif(missing_for_real_node() is not None, reason=str(missing_for_real_node())),
+    pytest.mark.parametrize("trainer_stack", [NEWEST_STACK], indirect=True),
+]
 
 STORE_PORT = 9000
 SECRET = "mlpipeline-minio-artifact"

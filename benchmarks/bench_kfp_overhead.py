@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.bench_pipeline import run_local_command, task_seconds
+from benchmarks.bench_pipeline import run_local_command
 from benchmarks.common import ROOT, BenchContext, Skip, row, scratch_dir, section
 
 TINY = {"max_train_samples": 600, "max_test_samples": 200, "epochs": 1, "num_gpus": 0, "min_accuracy": 0.0}
@@ -34,6 +34,13 @@ TINY = {"max_train_samples": 600, "max_test_samples": 200, "epochs": 1, "num_gpu
 SMALL_NODE = ("--train-cpu", "1", "--train-memory", "3Gi:6Gi")
 _RUN_ID = re.compile(r"run ([0-9a-f-]{36}) submitted")
 _RUN_TIMEOUT_S = 1500
+# run-local's line for each finished task: "[train-model] done in 19.5 s" (pipelines/commands/run_local.py)
+_TASK_DONE = re.compile(r"^\[([a-z0-9-]+)\] done in ([0-9.]+) s", re.M)
+
+
+def local_task_seconds(log_text: str) -> dict[str, float]:
+    """Seconds of each task of a `cifar10-kfp run-local`, from the lines it prints as each task ends."""
+    return {name: float(seconds) for name, seconds in _TASK_DONE.findall(log_text)}
 
 
 def _cli_env(backend, store) -> dict[str, str]:
@@ -117,7 +124,7 @@ def _kfp_local(archive: Path, work: Path) -> dict:
     wall_s = time.monotonic() - started
     if proc.returncode != 0:
         raise RuntimeError("run-local failed:\n" + "\n".join(log.read_text().splitlines()[-15:]))
-    tasks = task_seconds(log.read_text(errors="replace"))
+    tasks = local_task_seconds(log.read_text(errors="replace"))
     return {"wall": wall_s, "in tasks": sum(tasks.values()), "tasks": tasks}
 
 

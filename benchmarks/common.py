@@ -373,8 +373,24 @@ def scratch_dir(ctx: BenchContext, name: str) -> tempfile.TemporaryDirectory:
 # ---------------------------------------------------------------------------- writers
 
 
+def relative_paths(value, root: Path = ROOT):
+    """`value` with every absolute path under the repository's folder written relative to the repository
+    (``benchmarks/_work/...``, ``../shared/datasets/...``): a report names no path of one machine."""
+    if isinstance(value, dict):
+        return {key: relative_paths(item, root) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [relative_paths(item, root) for item in value]
+    if isinstance(value, Path):
+        value = str(value)
+    if isinstance(value, str):
+        # the repository itself first, then its parent (where ../shared lives)
+        return value.replace(f"{root}/", "").replace(str(root), ".").replace(f"{root.parent}/", "../")
+    return value
+
+
 def write_json(report: dict, path: Path) -> Path:
-    path.write_text(json.dumps(report, indent=2, sort_keys=False, default=_json_default) + "\n")
+    text = json.dumps(report, indent=2, sort_keys=False, default=_json_default)
+    path.write_text(json.dumps(relative_paths(json.loads(text)), indent=2) + "\n")
     return path
 
 

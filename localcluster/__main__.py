@@ -75,10 +75,14 @@ def _start_kfp(cp, services: contextlib.ExitStack) -> None:
     if missing:
         print(f"no real node ({missing}): runs' pods go to kwok nodes and never run")
     else:
+        from localcluster.clusterdns import ClusterDns
         from localcluster.kfppods import KfpPods
         from localcluster.node import RealNode
 
-        node = services.enter_context(RealNode(cp))
+        # Cluster DNS: without it each gRPC client of a step (driver, launcher) waits out its service
+        # config's TXT lookup on a resolver the pod cannot reach (kfppods.py).
+        dns = services.enter_context(ClusterDns(cp))
+        node = services.enter_context(RealNode(cp, cluster_dns=dns.ip))
         print(f"real node {node.name} up in {node.started_in_s:.0f} s; importing the images (minutes, once)")
         pods = services.enter_context(KfpPods(cp, node, store, cp.dir / "kfp-pods"))
         pod_defaults = pods.pod_defaults()

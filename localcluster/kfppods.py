@@ -10,9 +10,12 @@ The KFP 2.17.0 API server writes into every Workflow the addresses its pods dial
   DefaultEndpointInMultiUserMode), which our compiled pipelines also use;
 - Argo's executor, the driver and the launcher: the Kubernetes API at the `kubernetes` Service.
 
-There is no cluster DNS and no kube-proxy here. So every name above resolves, through the Workflow
-defaults' hostAliases, to the node's bridge address, where a relay on each port leads to the host
-process behind it. The `kubernetes` Service's ClusterIP is relayed from the host's loopback
+There is no kube-proxy here. So every name above resolves, through the Workflow defaults'
+hostAliases, to the node's bridge address, where a relay on each port leads to the host process
+behind it. The node should still have cluster DNS (clusterdns.py, `RealNode(cp, cluster_dns=...)`):
+gRPC's Go resolver asks DNS for a TXT record (`_grpc_config.<name>`, its service config) beside the
+address from /etc/hosts, and on the host's resolver, which a pod cannot reach, each such lookup
+waits out its timeouts before the driver or launcher dials; CoreDNS answers it at once. The `kubernetes` Service's ClusterIP is relayed from the host's loopback
 (clusterip.py). ML Metadata is the stand-in served from upstream's C++ store (mlmd.py). The images
 the pods start are imported into the node first: the driver, launcher and argoexec (kfpimages.py)
 and the component image under the name the committed YAML uses (trainimage.py).

@@ -107,3 +107,19 @@ def test_missing_archive_skips_with_the_path_in_the_reason(tmp_path):
         assert sec["status"] == "skipped", name
         assert str(missing) in sec["reason"]
     assert "skipped: real CIFAR-10 archive not found" in (tmp_path / "RESULTS.md").read_text()
+
+
+def test_reports_name_paths_relative_to_the_repository(tmp_path):
+    from benchmarks.common import relative_paths
+
+    root = tmp_path / "repo"
+    report = {
+        "archive": str(tmp_path / "shared" / "datasets" / "cifar10-jpeg.tar.gz"),
+        "runs": [{"dir": root / "benchmarks" / "_work" / "x"}, "kept as is", 3.5],
+        "notes": [f"params {{'dataset_uri': '{tmp_path}/shared/d.tgz'}} in {root}"],
+    }
+    assert relative_paths(report, root) == {
+        "archive": "../shared/datasets/cifar10-jpeg.tar.gz",
+        "runs": [{"dir": "benchmarks/_work/x"}, "kept as is", 3.5],
+        "notes": ["params {'dataset_uri': '../shared/d.tgz'} in ."],
+    }

@@ -28,3 +28,16 @@ STAGES: list[tuple[str, set[str]]] = [
     ("34.6 make cluster-full stops clean (KILL)", {"test_make_cluster_full_stops_clean_when_killed"}),
     ("34.6 make model-registry stops clean (TERM/KILL)", {"test_make_model_registry_stops_clean"}),
 ]  # fmt: skip
+
+
+def stage_verdict(scenarios: set[str], results: list[tuple[str, str, float]]) -> str:
+    """`passed` only when every scenario of the stage ran and each of its results passed: a scenario that
+    was deselected, never reached (-x) or failed in setup or teardown leaves the stage unproven."""
+    outcomes = [(name.split("[", 1)[0], o) for name, o, _ in results if name.split("[", 1)[0] in scenarios]
+    missing = sorted(scenarios - {name for name, _ in outcomes})
+    failed = [o for _, o in outcomes if o != "passed"]
+    if failed:
+        return failed[0]
+    if missing:
+        return f"not proven: {', '.join(missing)} did not run" if outcomes else "not run"
+    return f"passed ({len(outcomes)} results)"

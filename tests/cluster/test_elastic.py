@@ -208,7 +208,7 @@ def test_an_evicted_node_does_not_count_on_the_elastic_runtime(
             "running", {}).get("startedAt"), "finishedAt": evicted["metadata"]["deletionTimestamp"]}}  # fmt: skip
         status["ready"] = False
     patch = {"status": {"phase": "Failed", "containerStatuses": statuses}}
-    cp.kubectl(
+    cp.kubectl_ok(
         "patch",
         "pod",
         victim,

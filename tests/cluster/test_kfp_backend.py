@@ -127,9 +127,20 @@ def test_submit_makes_a_workflow_the_argo_controller_runs(kfp_backend, control_p
     control_plane.wait_for(
         "the Argo controller to start the Workflow", controller_took_it, timeout_s=_TIMEOUT_S
     )
-    # The persistence agent reports the Workflow's state back into the KFP run.
-    runs = json.loads(_cli(kfp_backend, "runs", "--json").stdout)
-    assert any(run_id in json.dumps(row) for row in runs), runs
+    # The persistence agent reports the Workflow's state back into the KFP run: the API server alone
+    # leaves a new run PENDING (backend/src/apiserver/resource/resource_manager.go, CreateRun sets
+    # `run.State = model.RuntimeStatePending`); RUNNING comes from the Workflow the agent read.
+    seen: list[dict] = []
+
+    def reported_running() -> bool:
+        rows = json.loads(_cli(kfp_backend, "runs", "--json").stdout)
+        seen[:] = [row for row in rows if row["run_id"] == run_id]
+        return bool(seen) and seen[0]["state"] == "RUNNING"
+
+    control_plane.wait_for(
+        "the persistence agent to report the run RUNNING", reported_running, timeout_s=_TIMEOUT_S
+    )
+    assert seen, f"run {run_id} is not listed"
 
 
 def test_training_workflow_keeps_gpu_secrets_retries_and_caching(kfp_backend, control_plane):

@@ -23,6 +23,7 @@ import pytest
 from cifar10_kfp.runs import read_summary
 from cifar10_kfp.storage.embedded import EmbeddedObjectStore
 from localcluster import kfp as kfp_harness
+from localcluster.clusterdns import ClusterDns
 from localcluster.kfppods import KfpPods
 from localcluster.node import RealNode
 from localcluster.prerequisites import missing_for_real_node
@@ -62,7 +63,11 @@ def kfp_on_node(control_plane, tmp_path_factory):
         control_plane.kubectl("delete", kind, "--all", "-n", kfp_harness.NAMESPACE, "--wait=false")
     with EmbeddedObjectStore(work / "s3", bucket=kfp_harness.BUCKET) as store:
         store.store().put_file(DATASET, DATASET_URI)
-        with RealNode(control_plane) as node, KfpPods(control_plane, node, store, work / "pods") as pods:
+        with (
+            ClusterDns(control_plane) as dns,
+            RealNode(control_plane, cluster_dns=dns.ip) as node,
+            KfpPods(control_plane, node, store, work / "pods") as pods,
+        ):
             for what, seconds in pods.timings.items():
                 conftest._TIMINGS[f"KFP pods: {what}"] = seconds
             with kfp_harness.KfpBackend(control_plane, store, pod_defaults=pods.pod_defaults()) as backend:
@@ -147,7 +152,8 @@ def _wait_for_run(cp, backend, store, run_id: str, timeout_s: float = _RUN_TIMEO
 
 
 def _record_timeline(cp, run_id: str, wall_s: float, what: str) -> None:
-    from tests.cluster import conftest, timeline
+    from localcluster import timeline
+    from tests.cluster import conftest
 
     rows = timeline.run_timeline(cp, kfp_harness.NAMESPACE, run_id)
     print(f"\n{what} {run_id}:\n{timeline.table(rows)}")

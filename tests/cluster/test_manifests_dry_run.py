@@ -95,17 +95,17 @@ def test_the_example_secrets_pass_a_server_side_dry_run(control_plane):
         assert result.returncode == 0, f"{rel}: {result.stderr}"
 
 
-def test_a_pod_that_breaks_the_restricted_standard_is_refused(control_plane):
-    """The check above can fail: the same dry run refuses the Job with one container running as root."""
+def test_a_job_that_breaks_the_restricted_standard_is_warned_about(control_plane):
+    """The check above can fail: the same dry run of deploy/train-job, its Job's pod running as root,
+    gets the warning that check looks for. PodSecurity only warns about a workload (a Job); it refuses
+    the Job's pods when they are created (staging/src/k8s.io/pod-security-admission/admission/admission.go,
+    ValidatePodController: warnings only)."""
     cp = control_plane
-    _restricted_namespace(cp, "kubeflow")
     docs = [d for d in yaml.safe_load_all(cp.kubectl_ok("kustomize", str(DEPLOY / "train-job")).stdout) if d]
+    for ns in {d["metadata"].get("namespace") for d in docs} - {None}:
+        _restricted_namespace(cp, ns)
     [job] = [d for d in docs if d["kind"] == "Job"]
-    pod = job["spec"]["template"]
-    pod["metadata"] = {"name": "rooted", "namespace": "kubeflow"}
-    pod["spec"]["securityContext"]["runAsNonRoot"] = False
-    pod["spec"].pop("serviceAccountName", None)  # only the Job's dry run made its account, so none exists
-    result = _server_dry_run(cp, [{"apiVersion": "v1", "kind": "Pod", **pod}])
-    assert (
-        result.returncode != 0 and "violates PodSecurity" in result.stderr and "runAsNonRoot" in result.stderr
-    )
+    job["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] = False
+    result = _server_dry_run(cp, docs)
+    assert result.returncode == 0, result.stderr  # admitted, as a real apply would be
+    assert "would violate PodSecurity" in result.stderr and "runAsNonRoot" in result.stderr, result.stderr

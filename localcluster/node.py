@@ -109,6 +109,10 @@ class RealNode:
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
         started = time.monotonic()
+        # One node per machine, and the image store's lock says which: it is claimed before anything
+        # machine-wide is touched or tracked, so that a node refused here (its stop, or the reaper
+        # after it) undoes nothing of the node that runs (its bridge, pod cgroups, netns).
+        self._claim_image_store()
         self._netns_before = nodeclean.sandbox_netns()
         self._made_paths = [p for p in _FIXED_PATHS if not os.path.lexists(p)]
         self._reaper_entry = {
@@ -122,7 +126,6 @@ class RealNode:
         self.bin = node_binaries()
         self._cni_bin_dir = self._link_dir("cni-bin", tuple(versions.NODE_CNI_PLUGINS))
         self._write_cni_config()
-        self._claim_image_store()
         self._start_containerd()
         self._forget_old_pods()
         cache = gobuild.cache_root() / "images"
@@ -132,6 +135,9 @@ class RealNode:
         self.started_in_s = round(time.monotonic() - started, 1)
 
     def stop(self) -> None:
+        if self._store_lock is None:  # refused, or stopped already: nothing on the machine is its own
+            shutil.rmtree(self.dir, ignore_errors=True)
+            return
         for one in self._relays:
             one.close()
         self._relays.clear()

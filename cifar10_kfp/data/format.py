@@ -124,19 +124,14 @@ def read_metadata(path: str | os.PathLike) -> dict:
 
 
 def load_prepared(path_or_uri: str | os.PathLike) -> PreparedDataset:
-    """Load a prepared dataset from a local path, a directory holding one, or an s3:// URI.
+    """Load a prepared dataset file from a local path, a directory holding one, or an s3:// URI.
 
-    A sharded dataset (a prefix holding index.json, ``cifar10_kfp.data.shards``) is read whole, each
-    shard checked: evaluation and tuning read either kind; training can also stream one.
+    ``cifar10_kfp.data.shards.load_dataset`` reads either this or a sharded dataset.
     """
     from safetensors.numpy import load_file
 
-    from cifar10_kfp.data.shards import is_shard_set, load_all, open_shards
     from cifar10_kfp.storage import is_remote, open_store
 
-    if is_shard_set(str(path_or_uri), open_store()):
-        store = open_store()
-        return load_all(open_shards(str(path_or_uri), store), store)
     if is_remote(path_or_uri):
         with tempfile.TemporaryDirectory(prefix="cifar10-kfp-data-") as tmp:
             local = Path(tmp) / "dataset.safetensors"

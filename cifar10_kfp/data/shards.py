@@ -226,6 +226,19 @@ def load_all(index: ShardIndex, store: ObjectStore) -> PreparedDataset:
     return dataset
 
 
+def load_dataset(path_or_uri) -> PreparedDataset:
+    """A prepared dataset, whole, of either kind: a sharded one (a prefix holding index.json, each shard
+    checked) or one file (``format.load_prepared``). Evaluation and tuning read this; training can also
+    stream a sharded one (``cifar10_kfp.train.stream``)."""
+    from cifar10_kfp.data.format import load_prepared
+    from cifar10_kfp.storage import open_store
+
+    store = open_store()
+    if is_shard_set(str(path_or_uri), store):
+        return load_all(open_shards(str(path_or_uri), store), store)
+    return load_prepared(path_or_uri)
+
+
 def is_shard_set(data: str, store: ObjectStore) -> bool:
     """Whether ``data`` names a sharded dataset (its prefix or its index.json) rather than one file."""
     text = str(data).rstrip("/")
@@ -360,6 +373,7 @@ __all__ = [
     "ShardWriter",
     "is_shard_set",
     "load_all",
+    "load_dataset",
     "open_shards",
     "read_shard",
     "write_shards",

@@ -299,7 +299,7 @@ def evaluate_model(
     (the training output layout ``<dir>/model/`` + ``<dir>/history.json``), if any.
     ``params`` are shown in the report; the model's training config (``ModelInfo.extra``) is added.
     """
-    from cifar10_kfp.data.format import load_prepared
+    from cifar10_kfp.data.shards import load_dataset
     from cifar10_kfp.storage import is_remote
     from cifar10_kfp.train.models import INFO_FILE, load_model
 
@@ -309,7 +309,7 @@ def evaluate_model(
         )
     device = torch.device(device) if device is not None else default_device()
     model, info = load_model(model_dir_or_uri, device=device)
-    dataset = load_prepared(data_path_or_uri)
+    dataset = load_dataset(data_path_or_uri)
     images, labels = dataset.split("test")
     result = evaluate_loaded(
         model,

@@ -123,12 +123,12 @@ def evaluate_champion(model_name: str, data_path_or_uri, *, store=None, root: st
     if pointer is None:
         return None, None
     # Imported only now: with no champion the gate needs no torch (a second of import per task).
-    from cifar10_kfp.data.format import load_prepared
+    from cifar10_kfp.data.shards import load_dataset
     from cifar10_kfp.evaluate.evaluation import evaluate_loaded
     from cifar10_kfp.publish.serving import load_published
 
     model, preprocess = load_published(pointer["uri"], store=store, device=device or "cpu")
-    dataset = load_prepared(data_path_or_uri)
+    dataset = load_dataset(data_path_or_uri)
     images, labels = dataset.split("test")
     result = evaluate_loaded(
         model,

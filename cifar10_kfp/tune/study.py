@@ -210,11 +210,11 @@ def trial_devices(device, concurrent: int | None = None) -> list:
 
 def _device_slots(data: str, device, concurrent: int | None) -> queue.Queue:
     """One ``(StudyData, Runtime)`` per device of ``trial_devices``; the dataset file is read once."""
-    from cifar10_kfp.data.format import load_prepared
+    from cifar10_kfp.data.shards import load_dataset
     from cifar10_kfp.train.distributed import Runtime
     from cifar10_kfp.tune.trial import StudyData
 
-    dataset = load_prepared(data)
+    dataset = load_dataset(data)
     slots: queue.Queue = queue.Queue()
     for each in trial_devices(device, concurrent):
         slots.put((StudyData.on_device(dataset, data, each), Runtime(device=each)))

@@ -36,9 +36,9 @@ class StudyData:
 
     @classmethod
     def load(cls, data: str, runtime: Runtime) -> StudyData:
-        from cifar10_kfp.data.format import load_prepared
+        from cifar10_kfp.data.shards import load_dataset
 
-        return cls.on_device(load_prepared(data), data, runtime.device)
+        return cls.on_device(load_dataset(data), data, runtime.device)
 
     @classmethod
     def on_device(cls, dataset, data: str, device) -> StudyData:

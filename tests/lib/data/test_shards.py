@@ -9,10 +9,9 @@ import pytest
 
 import cifar10_kfp.data.preprocess_shards as preprocess_shards
 from cifar10_kfp.data.archives import ArchiveError
-from cifar10_kfp.data.format import load_prepared
 from cifar10_kfp.data.images import ImageDecodeError
 from cifar10_kfp.data.preprocess import PrepareParams, build_dataset
-from cifar10_kfp.data.shards import ShardError, load_all, open_shards, read_shard, write_shards
+from cifar10_kfp.data.shards import ShardError, load_all, load_dataset, open_shards, read_shard, write_shards
 from cifar10_kfp.storage import join_uri, sha256_file
 from tests.support.data import make_tiny_dataset
 from tests.support.datagen import encode_image, make_image_folder_archive, make_traversal_archive
@@ -45,8 +44,8 @@ def test_shards_round_trip_and_the_index_describes_them(store_env):
     assert opened.digest == index.digest and opened.metadata["sizes"] == {"train": 100, "val": 20, "test": 30}
     assert opened.metadata["counts"] == dataset.counts()
     back = load_all(opened, store_env)
-    # evaluate and tune read a sharded dataset through load_prepared
-    assert np.array_equal(load_prepared(uri).train_images, dataset.train_images)
+    # evaluate and tune read a sharded dataset, or a single file, through load_dataset
+    assert np.array_equal(load_dataset(uri).train_images, dataset.train_images)
     for split in ("train", "val", "test"):
         assert np.array_equal(back.split(split)[0], dataset.split(split)[0])
         assert np.array_equal(back.split(split)[1], dataset.split(split)[1])

@@ -23,6 +23,7 @@ import time
 
 import pytest
 
+from cifar10_kfp.data.shards import write_shards
 from cifar10_kfp.storage.embedded import EmbeddedObjectStore
 from cifar10_kfp.train.config import make_config
 from cifar10_kfp.trainjob import TrainJobRequest, build_trainjob
@@ -45,6 +46,7 @@ STORE_PORT = 9000
 SECRET = "mlpipeline-minio-artifact"
 #: Prepared datasets in the store: a tiny one (one epoch takes seconds) and one that trains long enough
 #: for a pod to be killed mid-run.
+SHARDED_TINY = "prepared/tiny-shards"
 DATASETS = {"tiny": {"n_train": 64, "image_size": 16}, "small": {"n_train": 2048, "image_size": 32}}
 _JOB_TIMEOUT_S = 900
 # The kill scenario's run: 128 steps an epoch at about 26 ms a step on 2 x 500m (3 epochs took 10 s, over
@@ -80,6 +82,11 @@ def pod_store(node_with_dns, tmp_path_factory):
                 make_tiny_dataset(n_val=16, n_test=16, **size), work / f"{name}.safetensors"
             )
             server.store().put_file(local, f"s3://{server.bucket}/prepared/{name}/dataset.safetensors")
+        # The 2-node scenario trains from shards in the store, streamed (issue 39): 64 train images in 4 shards.
+        write_shards(
+            make_tiny_dataset(n_val=16, n_test=16, **DATASETS["tiny"]), f"s3://{server.bucket}/{SHARDED_TINY}",
+            server.store(), shard_samples=16,
+        )  # fmt: skip
         endpoint = node_with_dns.expose(int(server.endpoint.rsplit(":", 1)[1]), STORE_PORT)
         yield server, endpoint
 
@@ -97,12 +104,14 @@ def _send_pods_to_the_real_node(cp, namespace: str, store: EmbeddedObjectStore) 
     cp.kubectl_ok("apply", "-f", "-", input=json.dumps(secret))
 
 
-def _request(namespace: str, store, endpoint: str, name: str, dataset: str, **config) -> TrainJobRequest:
+def _request(
+    namespace: str, store, endpoint: str, name: str, dataset: str, data_uri: str = "", **config
+) -> TrainJobRequest:
     root = f"s3://{store.bucket}"
     settings = {"architecture": "simple_cnn", "epochs": 1, "batch_size": 16, "device": "cpu", "threads": 1}
     return TrainJobRequest(
         name=name, namespace=namespace, image=trainimage.IMAGE,
-        data_uri=f"{root}/prepared/{dataset}/dataset.safetensors", output_uri=f"{root}/trainjobs/{name}",
+        data_uri=data_uri or f"{root}/prepared/{dataset}/dataset.safetensors", output_uri=f"{root}/trainjobs/{name}",
         checkpoint_uri=f"{root}/checkpoints/{name}", config=make_config("seed", {**settings, **config}).to_dict(),
         num_nodes=2, gpus_per_node=0, max_restarts=2, cpu_per_node="500m", memory_per_node="2Gi",
         minio_endpoint=endpoint, storage_env={"CIFAR10_KFP_BUCKET": store.bucket},
@@ -153,7 +162,10 @@ def test_a_two_node_trainjob_completes_on_real_pods_with_a_model(
 ):
     cp, node, (store, endpoint) = control_plane, node_with_dns, pod_store
     _send_pods_to_the_real_node(cp, cluster_namespace, store)
-    request = _request(cluster_namespace, store, endpoint, "real-2node", "tiny")
+    request = _request(
+        cluster_namespace, store, endpoint, "real-2node", "tiny", data_uri=f"s3://{store.bucket}/{SHARDED_TINY}",
+        data_path="stream", stream_partitions=2,
+    )  # fmt: skip
     job, pods = _run(cp, node, request)
     assert condition(job, "Complete"), json.dumps(job.get("status"), indent=1)
     assert len(pods) == 2, [p["metadata"]["name"] for p in pods]
@@ -162,6 +174,9 @@ def test_a_two_node_trainjob_completes_on_real_pods_with_a_model(
     # Two pods, two addresses of the node's bridge: the rendezvous and gloo went pod to pod.
     assert len({p["status"]["podIP"] for p in pods}) == 2
     assert len(_assert_model_written(store, request)) == 1
+    # Both ranks read their own shards from the store, streamed: rank 0 says which path it took.
+    logs = "".join(cp.kubectl_ok("logs", "-n", request.namespace, p["metadata"]["name"]).stdout for p in pods)
+    assert f"data path: stream (s3://{store.bucket}/{SHARDED_TINY})" in logs, logs[-3000:]
 
 
 @pytest.mark.timeout(1800)

@@ -252,6 +252,30 @@ def _localize(archive: str, tmp: Path, store: ObjectStore) -> Path:
     return path
 
 
+def _archive_digest(
+    archive: str, source_digest: str | None, tmp: Path, store: ObjectStore
+) -> tuple[str, Path | None]:
+    """The archive's sha256 (given, recorded beside it, or computed) and the local copy made to compute it."""
+    digest = (source_digest or "").lower() or _recorded_digest(archive, store)
+    if digest:
+        return digest, None
+    local = _localize(archive, tmp, store)
+    return sha256_file(local), local
+
+
+def _verified_local(archive: str, local: Path | None, digest: str, tmp: Path, store: ObjectStore) -> Path:
+    """A local copy of the archive whose sha256 is ``digest`` (``local`` when already made and hashed)."""
+    if local is not None:
+        return local
+    local = _localize(archive, tmp, store)
+    actual = sha256_file(local)
+    if actual != digest:
+        raise ValueError(
+            f"dataset archive {archive} has sha256 {actual}, expected {digest}; refusing to parse it"
+        )
+    return local
+
+
 def _recorded_digest(archive: str, store: ObjectStore) -> str:
     if not is_remote(archive):
         return ""
@@ -292,11 +316,7 @@ def prepare_to_file(
         log.info("no object store configured (MINIO_ENDPOINT is unset): the prepared dataset is not cached")
     output_path = Path(output_path)
     with tempfile.TemporaryDirectory(prefix="cifar10-kfp-prepare-") as tmp:
-        local = None
-        digest = (source_digest or "").lower() or _recorded_digest(archive, store)
-        if not digest:
-            local = _localize(archive, Path(tmp), store)
-            digest = sha256_file(local)
+        digest, local = _archive_digest(archive, source_digest, Path(tmp), store)
         cache_uri = ""
         if cache_store is not None:
             cache_uri = cache_store.root_uri("prepared", params.cache_key(digest), "dataset.safetensors")
@@ -306,13 +326,7 @@ def prepare_to_file(
                 return PrepareInfo(
                     cache_uri, True, digest, read_metadata(output_path), time.monotonic() - started
                 )
-        if local is None:
-            local = _localize(archive, Path(tmp), store)
-            actual = sha256_file(local)
-            if actual != digest:
-                raise ValueError(
-                    f"dataset archive {archive} has sha256 {actual}, expected {digest}; refusing to parse it"
-                )
+        local = _verified_local(archive, local, digest, Path(tmp), store)
         dataset, _ = build_dataset(local, params, digest, limits=limits)
         save_prepared(dataset, output_path)
         if cache_store is not None:

@@ -47,9 +47,9 @@ from cifar10_kfp.data.layout import CIFAR10_PYTHON, detect_layout, index_image_f
 from cifar10_kfp.data.preprocess import (
     PREPROCESS_VERSION,
     PrepareParams,
-    _localize,
-    _recorded_digest,
+    _archive_digest,
     _rngs,
+    _verified_local,
     build_dataset,
 )
 from cifar10_kfp.data.shards import (
@@ -62,7 +62,7 @@ from cifar10_kfp.data.shards import (
     write_shards,
 )
 from cifar10_kfp.data.splits import ChannelHistogram, select_indices, split_validation
-from cifar10_kfp.storage import ObjectStore, join_uri, open_store, sha256_file
+from cifar10_kfp.storage import ObjectStore, join_uri, open_store
 
 log = logging.getLogger(__name__)
 
@@ -238,23 +238,13 @@ def prepare_to_shards(
             "a sharded dataset lives in the object store: set MINIO_ENDPOINT (or use prepare_to_file)"
         )
     with tempfile.TemporaryDirectory(prefix="cifar10-kfp-prepare-") as tmp:
-        local = None
-        digest = (source_digest or "").lower() or _recorded_digest(archive, store)
-        if not digest:
-            local = _localize(archive, Path(tmp), store)
-            digest = sha256_file(local)
+        digest, local = _archive_digest(archive, source_digest, Path(tmp), store)
         uri = shards_cache_uri(store, params, digest, shard_samples)
         if store.exists(join_uri(uri, INDEX_NAME)):
             index = open_shards(uri, store)
             log.info("sharded dataset reused from %s", uri)
             return ShardPrepareInfo(uri, True, digest, index.metadata, time.monotonic() - started)
-        if local is None:
-            local = _localize(archive, Path(tmp), store)
-            actual = sha256_file(local)
-            if actual != digest:
-                raise ValueError(
-                    f"dataset archive {archive} has sha256 {actual}, expected {digest}; refusing to parse it"
-                )
+        local = _verified_local(archive, local, digest, Path(tmp), store)
         index = build_shards(local, params, digest, uri, store, shard_samples=shard_samples, limits=limits)
     return ShardPrepareInfo(uri, False, digest, index.metadata, time.monotonic() - started)
 

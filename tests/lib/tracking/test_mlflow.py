@@ -102,7 +102,10 @@ def test_a_server_that_never_answers_costs_one_warning_after_the_request_timeout
             tracker.close()
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1, warnings
-    assert "failed" in warnings[0] and "ReadTimeoutError" in warnings[0] and "training goes on" in warnings[0]
+    # mlflow words the timeout differently by path ("ReadTimeoutError" after urllib3's retries, "timeout
+    # exception ... Read timed out" on its own retry loop): both name the timeout, which is what a user must see.
+    assert "failed" in warnings[0] and "training goes on" in warnings[0]
+    assert "timeout" in warnings[0].lower() or "timed out" in warnings[0].lower(), warnings[0]
 
 
 def _assert_train_output_unchanged(stdout: str, metrics_file) -> None:

@@ -90,6 +90,11 @@ def _start_kfp(cp, services: contextlib.ExitStack) -> None:
     if pod_defaults:
         pods.connect(backend)
     print(f"KFP {versions.KFP} backend up in {backend.started_in_s:.0f} s; logs in {backend.dir / 'logs'}")
+    if pod_defaults:  # the run pages read ML Metadata, which only the real node's runs have
+        from localcluster.kfp_ui import KfpUi
+
+        ui = services.enter_context(KfpUi(cp, backend, pods.mlmd.address, store))
+        print(f"KFP UI: {ui.url}  (upload pipelines/compiled/cifar10-training.yaml there; docs/kfp-ui.md)")
     print(f"export KF_PIPELINES_ENDPOINT={backend.endpoint}")
     for key, value in store.env().items():
         print(f"export {key}={value}")

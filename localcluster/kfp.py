@@ -237,6 +237,10 @@ class KfpBackend:
             "ML_PIPELINE_VISUALIZATIONSERVER_SERVICE_HOST": "127.0.0.1",
             "ML_PIPELINE_VISUALIZATIONSERVER_SERVICE_PORT": "8888",
             "LOG_LEVEL": "info",
+            # What its healthz reports and the UI shows as "Version" (apiserver/main.go; upstream's
+            # image bakes these in at build time).
+            "TAG_NAME": versions.KFP,
+            "COMMIT_SHA": sources.KFP_COMMIT,
         }
 
     def _start_apiserver(self) -> None:

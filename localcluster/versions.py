@@ -49,6 +49,10 @@ ARGO_MODULE = "github.com/argoproj/argo-workflows/v4"
 # The real node's cluster DNS (clusterdns.py).
 COREDNS = "v1.15.0"
 COREDNS_MODULE = "github.com/coredns/coredns"
+# The KFP UI's gRPC-web proxy in front of ML Metadata (kfp_ui.py): upstream runs Envoy there, which
+# cannot be built here; improbable-eng's grpcwebproxy speaks the same gRPC-web the UI's client sends.
+GRPCWEB = "v0.15.0"
+GRPCWEB_MODULE = "github.com/improbable-eng/grpc-web"
 #: The CNI plugins the node's bridge network uses, by their directory under plugins/.
 NODE_CNI_PLUGINS = {"bridge": "main", "loopback": "main", "host-local": "ipam", "portmap": "meta"}
 
@@ -190,6 +194,7 @@ _ALL: tuple[GoBinary, ...] = (
     _kfp("kfp-launcher", "backend/src/v2/cmd/launcher-v2", tags=("netgo",)),
     _argo("workflow-controller"),
     _argo("argoexec"),
+    GoBinary("grpcwebproxy", GRPCWEB_MODULE, GRPCWEB, f"{GRPCWEB_MODULE}/go/grpcwebproxy"),
 )
 
 #: name -> version -> how to build it. The first version listed for a name is its default.

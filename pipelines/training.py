@@ -2,12 +2,14 @@
 
 An ``ExitHandler`` task writes the run summary whatever happens. Training runs on one node
 (``train_model``, GPUs on the pod) or, when ``num_nodes > 1``, through a Kubeflow Trainer
-``TrainJob`` (``train_on_trainer``). The two are ``dsl.If``/``dsl.Else`` branches that each
+``TrainJob`` (``train_on_trainer``). The two are complementary ``dsl.If`` branches (validate
+refuses ``num_nodes < 1``) that each
 run evaluate/gate/publish themselves: a ``dsl.OneOf`` over the two models would join them, but
 kfp.local 2.17 cannot run ``OneOf`` over artifacts ("Expected 1 artifact in
 ArtifactSelectorSpec"), and the same compiled DAG must run locally.
 
-The parameters, their defaults and the descriptions the KFP UI shows come from
+The parameters, their defaults and their descriptions (in the compiled YAML; the KFP 2.17 UI's run
+form shows names and types only, docs/kfp-ui.md) come from
 ``cifar10_kfp.params.TRAINING_PARAMS``. Cluster settings come from
 ``cifar10_kfp_pipelines.policy.ClusterPolicy``; ``build_training_pipeline(policy)`` returns the
 pipeline compiled with it, ``training_pipeline`` is the default one.
@@ -67,7 +69,9 @@ def build_training_pipeline(policy: ClusterPolicy | None = None):
                 train = train_model(**common).set_display_name("train")
                 policy.gpu_train(train, gpu_limit=validate.outputs["gpu_limit"])
                 evaluate_and_publish(policy, p, train=train, **stages)
-            with dsl.Else(name="multi-node"):
+            # Two conditions, not If/Else: the KFP UI draws an If/Else pair as a group named
+            # "condition-branches-N", which no name= reaches; these two show as single-node and multi-node.
+            with dsl.If(p.num_nodes > 1, name="multi-node"):
                 train = train_on_trainer(
                     num_nodes=p.num_nodes, min_nodes=p.min_nodes, max_restarts=p.max_restarts,
                     trainjob_timeout_h=p.trainjob_timeout_h, keep_trainjob=p.keep_trainjob,

@@ -70,12 +70,15 @@ def test_training_dag_edges(training):
     assert "dependentTasks" not in body["validate-training-params"]  # validation runs first
     assert body["download-dataset"]["dependentTasks"] == ["validate-training-params"]
     assert body["preprocess-dataset"]["dependentTasks"] == ["download-dataset"]
-    branches = dags[body["condition-branches-2"]["componentRef"]["name"]]
-    single, multi = (dags[branches[n]["componentRef"]["name"]] for n in sorted(branches))
-    assert (
-        "int(inputs.parameter_values['pipelinechannel--num_nodes']) == 1"
-        in branches[sorted(branches)[0]]["triggerPolicy"]["condition"]
-    )
+    # Two complementary conditions with names the KFP UI's DAG shows (not an If/Else group).
+    branches = {body[n]["taskInfo"]["name"]: body[n] for n in body if n.startswith("condition-")}
+    assert set(branches) == {"single-node", "multi-node"}
+    single, multi = (dags[branches[n]["componentRef"]["name"]] for n in ("single-node", "multi-node"))
+    conditions = {n: b["triggerPolicy"]["condition"] for n, b in branches.items()}
+    assert conditions == {
+        "single-node": "int(inputs.parameter_values['pipelinechannel--num_nodes']) == 1",
+        "multi-node": "int(inputs.parameter_values['pipelinechannel--num_nodes']) > 1",
+    }
     assert set(single) >= {"train-model", "evaluate-model", "gate-model", "record-run-outputs"}
     assert set(multi) >= {"train-on-trainer", "evaluate-model-2", "gate-model-2", "record-run-outputs-2"}
     assert single["evaluate-model"]["dependentTasks"] == ["train-model"]

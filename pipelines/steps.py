@@ -1,7 +1,7 @@
 """What the pipelines share: their interface from ``cifar10_kfp.params`` and the common DAG pieces.
 
 ``pipeline_from_params`` makes a kfp pipeline whose parameters (names, types, defaults) and
-docstring (the descriptions the KFP UI shows) are generated from the parameter table; the body
+docstring (the descriptions in the compiled YAML, docs/parameters.md) are generated from the parameter table; the body
 receives the parameters as one namespace, ``p.epochs`` etc. kfp reads a pipeline's interface
 with ``inspect.signature`` (which honours ``__signature__``) and ``inspect.getdoc``
 (kfp/dsl/component_factory.py ``extract_component_interface``), and calls the function with

@@ -6,7 +6,7 @@ accuracies -> select the best -> the same gate and publish as ``cifar10-training
 ``ExitHandler`` writes the run summary. Trials train on one node each; each trial checkpoints
 under its own config hash, so trials never resume from each other.
 
-The parameters, their defaults and the descriptions the KFP UI shows come from
+The parameters, their defaults and their descriptions (docs/parameters.md) come from
 ``cifar10_kfp.params.SWEEP_PARAMS``.
 """
 

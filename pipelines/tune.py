@@ -9,7 +9,7 @@ hold best_value, trials_completed, trials_pruned and the final test_accuracy.
 
 The tune task gets the train step's cluster policy (``ClusterPolicy.gpu_train``): its GPU, GPU
 toleration, /dev/shm, object-store secret, retries and caching. A retried tune task resumes its
-study. The parameters, their defaults and the descriptions the KFP UI shows come from
+study. The parameters, their defaults and their descriptions (docs/parameters.md) come from
 ``cifar10_kfp.params.TUNE_PARAMS``.
 """
 

@@ -198,3 +198,16 @@ def test_one_cifar10_url():
     from cifar10_kfp.data.download import DEFAULT_URL
 
     assert defaults()["dataset_uri"] == CIFAR10_URL == DEFAULT_URL
+
+
+def test_the_committed_parameter_reference_is_generated_from_the_table():
+    """docs/parameters.md is what a person reads beside the KFP UI's run form (which shows no descriptions)."""
+    from cifar10_kfp.params import reference
+    from tests.support.paths import ROOT
+
+    committed = (ROOT / "docs" / "parameters.md").read_text()
+    assert committed == reference.markdown(), (
+        "docs/parameters.md is stale: python -m cifar10_kfp.params.reference > docs/parameters.md"
+    )
+    for param in reference.pipeline_params("training"):
+        assert f"| `{param.name}` |" in committed

@@ -42,6 +42,7 @@ def evaluate_model(
         test_accuracy: The headline top-1 accuracy, as served (what the publish gate uses).
         test_accuracy_plain: Top-1 accuracy of a single forward pass (recorded with a registered version).
     """
+    import json
     import os
     from collections import namedtuple
 
@@ -61,6 +62,11 @@ def evaluate_model(
     for name, value in result.scalars().items():
         metrics.log_metric(name, value)
     classification_metrics.log_confusion_matrix(result.class_names, result.confusion_matrix)
+    # KFP keeps both in ML Metadata only; the UI's Artifact Info tab also previews the artifact's
+    # object, and answers "No objects found" for a path nothing was written to. The same figures as JSON.
+    for artifact in (metrics, classification_metrics):
+        with open(artifact.path, "w", encoding="utf-8") as fh:
+            json.dump(artifact.metadata, fh, indent=1)
     with open(report.path, "w", encoding="utf-8") as fh:
         fh.write(render_html(result))
     with open(summary.path, "w", encoding="utf-8") as fh:

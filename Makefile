@@ -52,6 +52,7 @@ test-fast: $(STAMP) tools ## run the tests not marked slow
 
 cluster-build: $(STAMP) ## build the real control plane's Go binaries (once per version, cached in ~/.cache/cifar10-kfp)
 	$(PY) -m localcluster.gobuild --all
+	$(PY) -m localcluster.kfp_ui_build
 
 test-cluster: cluster-build ## run tests/cluster against a real control plane, Trainer and JobSet on 127.0.0.1
 	$(PY) -m pytest tests/cluster --timeout=900 $(PYTEST_ARGS)

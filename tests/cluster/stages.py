@@ -1,4 +1,4 @@
-"""The stages of issue 24 ("the pipeline runs for real") and issue 34's clean stop, and the scenarios
+"""The stages of issue 24 ("the pipeline runs for real"), issue 34's clean stop and issue 35's KFP UI, and the scenarios
 of `make test-cluster` that show each one; the closing table prints a result per stage
 (tests/cluster/conftest.py)."""
 
@@ -23,6 +23,15 @@ STAGES: list[tuple[str, set[str]]] = [
     ("3.4 the Workflow the real backend made", {
         "test_training_workflow_keeps_gpu_secrets_retries_and_caching", "test_no_cache_submission_caches_nothing",
         "test_other_pipelines_keep_secrets_on_every_step",
+    }),
+    ("35 KFP UI in a browser", {
+        "test_ui_uploads_the_pipeline_and_draws_its_dag",
+        "test_ui_run_form_offers_every_parameter_and_starts_a_tiny_run",
+        "test_ui_recurring_run_from_the_form",
+        "test_ui_bad_value_typed_into_the_form_fails_validate_with_its_message",
+        "test_ui_follows_the_tiny_run_its_steps_turn_green_and_train_logs_epochs",
+        "test_ui_evaluate_step_shows_metrics_confusion_matrix_report_and_markdown",
+        "test_ui_recurring_runs_first_run_succeeds_and_compares_with_the_tiny_run",
     }),
     ("34.6 make cluster stops clean (INT/KILL)", {"test_make_cluster_stops_clean"}),
     ("34.6 make cluster-full stops clean (KILL)", {"test_make_cluster_full_stops_clean_when_killed"}),

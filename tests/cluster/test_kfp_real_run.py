@@ -21,18 +21,13 @@ import time
 import pytest
 
 from cifar10_kfp.runs import read_summary
-from cifar10_kfp.storage.embedded import EmbeddedObjectStore
 from localcluster import kfp as kfp_harness
-from localcluster.clusterdns import ClusterDns
-from localcluster.kfppods import KfpPods
-from localcluster.node import RealNode
 from localcluster.prerequisites import missing_for_real_node
+from tests.cluster.kfp_stack import DATASET, DATASET_URI
 from tests.support import notebook
 from tests.support.cli import command, user_env
 from tests.support.paths import ROOT
 
-DATASET = ROOT.parent / "shared" / "datasets" / "cifar10-jpeg.tar.gz"
-DATASET_URI = f"s3://{kfp_harness.BUCKET}/datasets/cifar10-jpeg.tar.gz"
 TINY = (
     "max_train_samples=1000",
     "max_test_samples=500",
@@ -52,27 +47,12 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def kfp_on_node(control_plane, tmp_path_factory):
-    """The KFP backend whose runs' pods run on a real node; yields (backend, store)."""
-    from tests.cluster import conftest  # the closing table's timings
+def kfp_on_node(kfp_stack):
+    """The KFP backend whose runs' pods run on a real node; yields (backend, store, node).
 
-    work = tmp_path_factory.mktemp("kfp-real")
-    # Workflows of earlier tests (test_kfp_backend's, whose pods sat on kwok nodes) must not be
-    # picked up again by this backend's Argo controller.
-    for kind in ("scheduledworkflows", "workflows"):
-        control_plane.kubectl("delete", kind, "--all", "-n", kfp_harness.NAMESPACE, "--wait=false")
-    with EmbeddedObjectStore(work / "s3", bucket=kfp_harness.BUCKET) as store:
-        store.store().put_file(DATASET, DATASET_URI)
-        with (
-            ClusterDns(control_plane) as dns,
-            RealNode(control_plane, cluster_dns=dns.ip) as node,
-            KfpPods(control_plane, node, store, work / "pods") as pods,
-        ):
-            for what, seconds in pods.timings.items():
-                conftest._TIMINGS[f"KFP pods: {what}"] = seconds
-            with kfp_harness.KfpBackend(control_plane, store, pod_defaults=pods.pod_defaults()) as backend:
-                pods.connect(backend)
-                yield backend, store, node
+    The stack is the session's (conftest.py `kfp_stack`, tests/cluster/kfp_stack.py), which
+    test_kfp_ui.py shares: one node start and image import for both modules."""
+    yield kfp_stack.backend, kfp_stack.store, kfp_stack.node
 
 
 def _cli(backend, store, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:

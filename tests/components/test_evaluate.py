@@ -39,6 +39,9 @@ def test_evaluate_component_fills_every_ui_output(trained_model_dir, tiny_datase
     html = (tmp_path / "outputs" / "report.html").read_text()
     assert html.startswith("<!DOCTYPE html>") and 'alt="train and val loss and accuracy per epoch"' in html
     assert "Evaluation summary" in (tmp_path / "outputs" / "summary.md").read_text()
+    # The KFP UI previews each artifact's object; the metrics have one too, with the same figures.
+    for name in ("metrics", "classification_metrics"):
+        assert json.loads((tmp_path / "outputs" / name).read_text()) == arts[name].metadata
 
 
 def test_evaluate_component_without_history_still_reports(trained_model_dir, tiny_dataset_path, tmp_path):  # noqa: F811

@@ -203,12 +203,15 @@ class Browser:
             icons[step] = [s.get_attribute("data-testid") or "" for s in node.locator("svg").all()]
         return icons
 
-    def open_node(self, title: str, tab: str) -> None:
-        """Click a node of the DAG and a tab of its side panel, closing the panel already open first."""
+    def open_node(self, title: str, tab: str, index: int = 0) -> None:
+        """Click a node of the DAG (the index-th of that title) and a tab of its side panel.
+
+        The panel already open is closed first, so the tab clicked is the new node's.
+        """
         close = self.page.get_by_role("button", name="close", exact=True)
         if close.count():
             close.first.click()
-        self.page.get_by_title(title, exact=True).first.click()
+        self.page.get_by_title(title, exact=True).nth(index).click()
         self.page.get_by_role("button", name=tab, exact=True).click()
 
     def side_panel_text(self) -> str:

@@ -205,12 +205,16 @@ def test_ui_evaluate_step_shows_metrics_confusion_matrix_report_and_markdown(ui)
 
 def _scalar_metrics(b: Browser) -> None:
     """Of the two `metrics` nodes (train's and evaluate's), evaluate's lists the test accuracy."""
-    for node in b.page.get_by_title("metrics", exact=True).all():
-        node.click()
-        b.page.get_by_role("button", name="Visualization", exact=True).click()
-        if b.page.get_by_text("accuracy_plain").count():
-            b.screenshot("metrics")
-            return
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for index in range(b.page.get_by_title("metrics", exact=True).count()):
+        b.open_node("metrics", "Visualization", index)
+        try:  # the panel reads the artifact from ML Metadata after it opens: wait, don't just look
+            b.wait_for_text("accuracy_plain", 45)
+        except PlaywrightTimeout:
+            continue
+        b.screenshot("metrics")
+        return
     raise AssertionError("no metrics node shows evaluate's scalar metrics (accuracy_plain)")
 
 

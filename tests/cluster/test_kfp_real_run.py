@@ -12,15 +12,18 @@ The run is the issue's tiny configuration: 1,000 training images, 1 epoch, num_g
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import re
 import subprocess
 import time
+import types
 
 import pytest
 
 from cifar10_kfp.runs import read_summary
+from cifar10_kfp_pipelines.policy import IMAGE_UID
 from localcluster import kfp as kfp_harness
 from localcluster.prerequisites import missing_for_real_node
 from tests.cluster.kfp_stack import DATASET, DATASET_URI
@@ -39,6 +42,7 @@ TINY = (
 SMALL_NODE = ("--train-cpu", "1", "--train-memory", "3Gi:6Gi")
 _RUN_ID = re.compile(r"run ([0-9a-f-]{36}) submitted")
 _RUN_TIMEOUT_S = 1500
+SCHEDULE = "tiny-every-30s"
 
 pytestmark = [
     pytest.mark.skipif(missing_for_real_node() is not None, reason=str(missing_for_real_node())),
@@ -53,6 +57,59 @@ def kfp_on_node(kfp_stack):
     The stack is the session's (conftest.py `kfp_stack`, tests/cluster/kfp_stack.py), which
     test_kfp_ui.py shares: one node start and image import for both modules."""
     yield kfp_stack.backend, kfp_stack.store, kfp_stack.node
+
+
+@pytest.fixture(scope="module")
+def runs_in_flight(kfp_on_node, tmp_path_factory):
+    """The module's three real runs, started together so their waits overlap (issue 34: pay once).
+
+    A CLI run, a recurring run's schedule and the notebook's cluster path (in a thread: nbclient's
+    kernel gets its own environment) all start here; each scenario then waits for its own. On 2
+    cores the runs share the node: most of a run's wall time is hand-overs (pod start, drivers,
+    Argo), which overlap, and the steps' CPU requests let the scheduler queue what does not fit.
+    """
+    backend, store, _ = kfp_on_node
+    work = tmp_path_factory.mktemp("real-runs")
+    done = _submit(backend, store, "submit", "--pipeline", "training")
+    inflight = types.SimpleNamespace(run_id=_RUN_ID.search(done.stdout).group(1), started=time.monotonic())
+    # Every 30 s, one run at a time: later firings wait while the first run is going.
+    _submit(backend, store, "schedule", "--name", SCHEDULE, "--cron", "*/30 * * * * *", "--no-catchup",
+            "--max-concurrency", "1")  # fmt: skip
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        inflight.notebook_out = work / "nb-out"
+        inflight.notebook = pool.submit(
+            notebook.execute, _notebook_values(inflight.notebook_out), work / "executed.ipynb",
+            cell_timeout_s=_RUN_TIMEOUT_S + 200, env=_notebook_env(backend, store),
+        )  # fmt: skip
+        try:
+            yield inflight
+        finally:
+            _cli(backend, store, "schedule", "--disable", SCHEDULE)  # the pool's exit waits for the notebook
+
+
+def _submit(backend, store, *args: str) -> subprocess.CompletedProcess:
+    """`cifar10-kfp submit|schedule ...` of the tiny run, sized for this node."""
+    return _cli(backend, store, *args, *SMALL_NODE, *(p for kv in TINY for p in ("--param", kv)))
+
+
+def _notebook_values(output_dir) -> dict:
+    return {
+        "DATASET_URI": DATASET_URI, "PRESET": "seed", "ARCHITECTURE": "simple_cnn", "EPOCHS": 1,
+        "MAX_TRAIN_SAMPLES": 1000, "MAX_TEST_SAMPLES": 500, "RUNS": [{"lr": 0.01, "seed": 0}],
+        "MIN_ACCURACY": 0.0, "MODEL_NAME": "nb-on-the-cluster", "N_EXAMPLES": 6, "NUM_GPUS": 0,
+        "TRAIN_CPU": "1", "TRAIN_MEMORY": "3Gi:6Gi", "RUN_TIMEOUT_S": _RUN_TIMEOUT_S,
+        "OUTPUT_DIR": str(output_dir),
+    }  # fmt: skip
+
+
+def _notebook_env(backend, store) -> dict:
+    """The kernel's environment as a user's with KFP_HOST exported: no other store or KFP setting,
+    no in-cluster marker; the store's keys as the user exports them (the notebook holds none)."""
+    dropped = ("MINIO_", "CIFAR10_KFP_", "KFP_HOST", "KF_PIPELINES", "KUBERNETES_SERVICE_HOST", "MPLBACKEND")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(dropped)}
+    env.update(store.env(), KFP_HOST=backend.endpoint)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    return env
 
 
 def _cli(backend, store, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
@@ -142,21 +199,11 @@ def _record_timeline(cp, run_id: str, wall_s: float, what: str) -> None:
 
 
 @pytest.mark.timeout(3000)  # a cold machine builds and imports the component image first
-def test_a_training_run_succeeds_on_real_pods(control_plane, kfp_on_node):
+def test_a_training_run_succeeds_on_real_pods(control_plane, kfp_on_node, runs_in_flight):
     backend, store, node = kfp_on_node
-    done = _cli(
-        backend,
-        store,
-        "submit",
-        "--pipeline",
-        "training",
-        *SMALL_NODE,
-        *(p for kv in TINY for p in ("--param", kv)),
-    )
-    run_id = _RUN_ID.search(done.stdout).group(1)
-    started = time.monotonic()
+    run_id = runs_in_flight.run_id
     row = _wait_for_run(control_plane, backend, store, run_id)
-    _record_timeline(control_plane, run_id, time.monotonic() - started, "training run")
+    _record_timeline(control_plane, run_id, time.monotonic() - runs_in_flight.started, "training run")
 
     # Every pod of the run ran on the real node, and each step's container really exited 0.
     pods = json.loads(
@@ -165,6 +212,17 @@ def test_a_training_run_succeeds_on_real_pods(control_plane, kfp_on_node):
         ).stdout
     )["items"]
     assert pods and {p["spec"]["nodeName"] for p in pods} == {node.name}
+    # ... in a namespace that enforces `restricted`, which admits them because each of our steps runs
+    # as the image's non-root user (pipelines/policy.py), applied by the real 2.17 driver.
+    labels = json.loads(
+        control_plane.kubectl_ok("get", "namespace", kfp_harness.NAMESPACE, "-o", "json").stdout
+    )
+    assert labels["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    ours = [c for p in pods for c in p["spec"]["containers"] if c["image"] == _component_image()]
+    assert ours and all(
+        (c["securityContext"].get("runAsUser"), c["securityContext"].get("runAsNonRoot")) == (IMAGE_UID, True)
+        for c in ours
+    ), [c.get("securityContext") for c in ours]
     # `cifar10-kfp runs` shows the run with its metrics, read from the summary the run wrote.
     summary = read_summary(store.store(), run_id)
     assert summary is not None and summary["status"] == "SUCCEEDED", summary
@@ -173,27 +231,11 @@ def test_a_training_run_succeeds_on_real_pods(control_plane, kfp_on_node):
 
 
 @pytest.mark.timeout(1800)
-def test_the_notebooks_cluster_path_submits_a_run_that_succeeds(kfp_on_node, tmp_path, monkeypatch):
+def test_the_notebooks_cluster_path_submits_a_run_that_succeeds(kfp_on_node, runs_in_flight):
     """notebooks/experiments.ipynb with KFP_HOST set: it submits through kfp.Client, waits, and reads
     the run's results back from the store (issue 24, 3.3)."""
     backend, store, _ = kfp_on_node
-    for key in [
-        k for k in os.environ if k.startswith(("MINIO_", "CIFAR10_KFP_", "KFP_HOST", "KF_PIPELINES"))
-    ]:
-        monkeypatch.delenv(key)
-    for key, value in {**store.env(), "KFP_HOST": backend.endpoint}.items():
-        monkeypatch.setenv(key, value)  # as a user exports them; the notebook itself holds no credential
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    monkeypatch.delenv("MPLBACKEND", raising=False)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    values = {
-        "DATASET_URI": DATASET_URI, "PRESET": "seed", "ARCHITECTURE": "simple_cnn", "EPOCHS": 1,
-        "MAX_TRAIN_SAMPLES": 1000, "MAX_TEST_SAMPLES": 500, "RUNS": [{"lr": 0.01, "seed": 0}],
-        "MIN_ACCURACY": 0.0, "MODEL_NAME": "nb-on-the-cluster", "N_EXAMPLES": 6, "NUM_GPUS": 0,
-        "TRAIN_CPU": "1", "TRAIN_MEMORY": "3Gi:6Gi", "RUN_TIMEOUT_S": _RUN_TIMEOUT_S,
-        "OUTPUT_DIR": str(tmp_path / "nb-out"),
-    }  # fmt: skip
-    _, result = notebook.execute(values, tmp_path / "executed.ipynb", cell_timeout_s=_RUN_TIMEOUT_S + 200)
+    _, result = runs_in_flight.notebook.result(timeout=_RUN_TIMEOUT_S + 300)
 
     assert result["mode"] == "cluster"
     assert result["statuses"] == ["SUCCEEDED"], result["errors"]
@@ -203,6 +245,12 @@ def test_the_notebooks_cluster_path_submits_a_run_that_succeeds(kfp_on_node, tmp
     assert result["runs"]["test_accuracy"][0] == row["test_accuracy"]
     assert result["shown"].startswith("published model 'nb-on-the-cluster'"), "MIN_ACCURACY=0 must publish"
     assert result["per_class_shape"] == [10, 1] and result["n_predicted"] == 6
+
+
+def _component_image() -> str:
+    from cifar10_kfp_components.image import image
+
+    return image()
 
 
 def _fired_run_ids(cp) -> list[str]:
@@ -219,21 +267,14 @@ def _fired_run_ids(cp) -> list[str]:
 
 
 @pytest.mark.timeout(2400)
-def test_a_recurring_run_fires_on_schedule_and_its_run_succeeds(control_plane, kfp_on_node):
+def test_a_recurring_run_fires_on_schedule_and_its_run_succeeds(control_plane, kfp_on_node, runs_in_flight):
     backend, store, _ = kfp_on_node
-    # Every 30 s, one run at a time: later firings wait while the first run is going.
-    _cli(
-        backend, store, "schedule", "--name", "tiny-every-30s", "--cron", "*/30 * * * * *",
-        "--no-catchup", "--max-concurrency", "1", *SMALL_NODE, *(p for kv in TINY for p in ("--param", kv)),
-    )  # fmt: skip
-    try:
-        fired: list[str] = []
-        control_plane.wait_for(
-            "the first firing of the recurring run",
-            lambda: bool(fired.extend(_fired_run_ids(control_plane)) or fired),
-            timeout_s=120,
-        )
-        row = _wait_for_run(control_plane, backend, store, fired[0])
-    finally:
-        _cli(backend, store, "schedule", "--disable", "tiny-every-30s")
+    fired: list[str] = []
+    control_plane.wait_for(
+        "the first firing of the recurring run",
+        lambda: bool(fired.extend(_fired_run_ids(control_plane)) or fired),
+        timeout_s=120,
+    )
+    _cli(backend, store, "schedule", "--disable", SCHEDULE)  # one firing shows it; more would load the node
+    row = _wait_for_run(control_plane, backend, store, fired[0])
     assert row["test_accuracy"] is not None

@@ -54,11 +54,13 @@ def inject_parameters(nb, values: dict) -> None:
 
 
 def execute(
-    values: dict, keep_as: pathlib.Path, *, cell_timeout_s: int = 900
+    values: dict, keep_as: pathlib.Path, *, cell_timeout_s: int = 900, env: dict | None = None
 ) -> tuple[nbformat.NotebookNode, dict]:
     """Run the notebook with ``values`` injected; returns the executed notebook and the probe's result.
 
     The executed notebook is written to ``keep_as`` (also after a failure) for a look afterwards.
+    ``env`` is the kernel's whole environment (default: this process's), so a caller can run the
+    notebook in a thread beside other work without changing ``os.environ``.
     """
     from nbclient import NotebookClient
 
@@ -72,7 +74,7 @@ def execute(
         resources={"metadata": {"path": str(ROOT / "notebooks")}},  # where Jupyter would start it
     )
     try:
-        client.execute()
+        client.execute(**({"env": env} if env is not None else {}))
     finally:
         nbformat.write(nb, keep_as)
     probe_output = "".join(o.get("text", "") for o in nb.cells[-1].outputs if o.get("name") == "stdout")

@@ -85,11 +85,19 @@ class KfpBackend:
     `pod_defaults` are Workflow spec fields (hostAliases, nodeSelector, tolerations) that Argo's
     workflowDefaults gives every run, so that its pods can run on the real node (kfppods.py).
     `fast_polling=False` keeps Argo's own polling intervals (benchmarks/bench_kfp_overhead.py compares).
+    `pod_security` is the Pod Security Standard the runs' namespace enforces: `restricted`, as a security
+    team hardens a profile namespace (our compiled pipelines run there, pipelines/policy.py says how);
+    `baseline` is what KFP's own manifests enforce in `kubeflow`, for pipelines whose images run as root.
     """
 
-    def __init__(self, cp, store, pod_defaults: dict | None = None, fast_polling: bool = True):
+    def __init__(
+        self, cp, store, pod_defaults: dict | None = None, fast_polling: bool = True,
+        pod_security: str = "restricted",
+    ):  # fmt: skip
+        if pod_security not in ("restricted", "baseline"):
+            raise ValueError(f"pod_security={pod_security!r}: use 'restricted' or 'baseline'")
         self.cp, self.store, self.pod_defaults = cp, store, pod_defaults
-        self.fast_polling = fast_polling
+        self.fast_polling, self.pod_security = fast_polling, pod_security
         self.dir = cp.dir / "kfp"
         self.procs: dict[str, procs.Process] = {}
         self.db: MariaDB | None = None
@@ -149,14 +157,14 @@ class KfpBackend:
                     self.cp.kubectl("get", "crd", crd, "-o", f"jsonpath={query}").stdout == "True"
                 ),
             )
-        # The namespace as KFP installs it (manifests/kustomize/cluster-scoped-resources/namespace.yaml):
-        # Pod Security `baseline` enforced, `restricted` only warned about. Applied over an existing one,
-        # so a label another test left (test_manifests_dry_run enforces `restricted`, which refuses the
-        # component pods KFP makes, as their container does not set runAsNonRoot) is put back.
+        # The namespace as KFP installs it (manifests/kustomize/cluster-scoped-resources/namespace.yaml:
+        # Pod Security `baseline` enforced, `restricted` warned about), enforcing `self.pod_security`.
+        # Applied over an existing one, so a label another test left is put back.
         namespace = yaml.safe_load(
             (self.kfp_tree / "manifests/kustomize/cluster-scoped-resources/namespace.yaml").read_text()
         )
         namespace["metadata"]["name"] = NAMESPACE  # the kustomize variable kfp-cluster-scoped-namespace
+        namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] = self.pod_security
         self.cp.kubectl_ok("apply", "-f", "-", input=json.dumps(namespace))
         pipeline = self.kfp_tree / "manifests/kustomize/base/pipeline"
         for name in (

@@ -26,6 +26,15 @@ Every task also gets ``CIFAR10_KFP_TASK`` (its KFP task name) and ``CIFAR10_KFP_
 pod label ``pipeline/runid`` that the KFP API server puts on every pod of a run), so that a failing
 step records its error where the run summary finds it (``cifar10_kfp.runs.records``), and every
 task but the single-node train step gets ``NVIDIA_VISIBLE_DEVICES=void`` (see ``step``).
+
+Every task runs as the image's user, non-root, through ``kfp.kubernetes.set_security_context``, so
+its pod is admitted where the ``restricted`` Pod Security Standard is enforced (a hardened profile
+namespace). KFP's compiler already drops every capability, forbids privilege escalation and sets the
+RuntimeDefault seccomp profile (backend/src/v2/compiler/argocompiler/security_context.go,
+``applySecurityContextToExecutorTemplate``), but leaves the user container's ``runAsNonRoot`` unset,
+because a user's image may run as root; the 2.16+ driver applies ours (backend/src/v2/driver/k8s.go,
+``kubernetesExecutorConfig.GetSecurityContext()``). An older backend drops the field unread (its
+driver parses the executor config with ``DiscardUnknown``, backend/src/common/util/json.go).
 """
 
 from __future__ import annotations
@@ -58,6 +67,8 @@ TASK_ENV, RUN_ID_ENV = (
     "CIFAR10_KFP_TASK",
     "CIFAR10_KFP_RUN_ID",
 )  # = cifar10_kfp.runs.TASK_ENV, RUN_ID_ENV
+#: The component image's user (images/train/Dockerfile ``USER 1000:0``); every task runs as it.
+IMAGE_UID = 1000
 RUN_ID_FIELD_PATH = (
     "metadata.labels['pipeline/runid']"  # KFP's apiserver/template/v2_template.go sets it on pods
 )
@@ -138,6 +149,8 @@ class ClusterPolicy:
     # Refuse the well-known minio/minio123 pair on every task (CIFAR10_KFP_STRICT_CREDENTIALS=1)
     # instead of accepting it with a warning, which is what a stock standalone KFP needs.
     strict_credentials: bool = False
+    # The user every task's container runs as, non-root (see the module docstring): the image's.
+    run_as_user: int = IMAGE_UID
 
     def with_cached_steps(self, extra: list[str] | tuple[str, ...]) -> ClusterPolicy:
         """A copy that also caches ``extra`` steps (``compile --cache evaluate``)."""
@@ -174,7 +187,8 @@ class ClusterPolicy:
     # -- per-task settings ---------------------------------------------------------------
 
     def step(self, task, step: str, *, resources: Resources | None = None, gpu: bool = False):
-        """Settings every task gets: image, caching, resources, object-store access, run identity, GPU isolation.
+        """Settings every task gets: image, caching, resources, object-store access, run identity, GPU
+        isolation, and a non-root user (the module docstring says why).
 
         ``NVIDIA_VISIBLE_DEVICES=void`` (unless ``gpu``): the image's CUDA base sets it to ``all``, and
         on a node whose container runtime is NVIDIA's, a pod that requests no GPU would otherwise see
@@ -196,6 +210,7 @@ class ClusterPolicy:
         self.object_store(task)
         task.set_env_variable(TASK_ENV, task.name)
         kubernetes.use_field_path_as_env(task, RUN_ID_ENV, RUN_ID_FIELD_PATH)
+        kubernetes.set_security_context(task, run_as_user=self.run_as_user, run_as_non_root=True)
         if not gpu:
             task.set_env_variable("NVIDIA_VISIBLE_DEVICES", "void")
         return task

@@ -11,7 +11,7 @@ import yaml
 
 from cifar10_kfp.params.table import SWEEP_PARAMS, TRAINING_PARAMS
 from cifar10_kfp_pipelines.catalog import COMPILED_DIR, compile_to
-from cifar10_kfp_pipelines.policy import ClusterPolicy
+from cifar10_kfp_pipelines.policy import IMAGE_UID, ClusterPolicy
 
 SECRET = "mlpipeline-minio-artifact"
 
@@ -316,3 +316,23 @@ def test_bad_resource_flags_are_refused_naming_the_value(flag, value, why, tmp_p
     assert main(["compile", "--output-dir", str(tmp_path), flag, value]) == 2
     assert why in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("name", ["training", "sweep", "tune"])
+def test_every_task_runs_as_the_images_non_root_user(name):
+    """`restricted` Pod Security admits a pod whose user container says runAsNonRoot; KFP's compiler
+    hardens the rest (pipelines/policy.py says which file does what). Every container task, the
+    exit handler's summary and the TrainJob launcher included, carries it."""
+    spec, platform = _load(COMPILED_DIR / f"cifar10-{name}.yaml")
+    labels = {label for _, _, label in _container_tasks(spec)}
+    labels |= {c["executorLabel"] for c in spec["components"].values() if "executorLabel" in c}
+    assert labels and labels == set(spec["deploymentSpec"]["executors"])
+    for label in labels:
+        context = platform[label]["securityContext"]  # protobuf JSON writes an int64 as a string
+        assert (int(context["runAsUser"]), context["runAsNonRoot"]) == (IMAGE_UID, True), label
+
+
+def test_the_tasks_user_is_the_images_user():
+    dockerfile = (COMPILED_DIR.parents[1] / "images" / "train" / "Dockerfile").read_text()
+    [user] = re.findall(r"^USER (\S+)$", dockerfile, flags=re.M)
+    assert int(user.split(":")[0]) == IMAGE_UID != 0

@@ -12,6 +12,11 @@ taken from kustomize/stage/ in the module:
   `pod-container-running-failed.stage.kwok.x-k8s.io=true` fails; its annotations
   `pod-container-running-failed.stage.kwok.x-k8s.io/{exit-code,reason,message,container-name}`
   choose the terminated state (ControlPlane.fail_pod sets them);
+- pod-delete removes a deleted pod 1 s after its deletion, not at a random moment of its grace period
+  (upstream's `jitterDurationFrom: .metadata.deletionTimestamp`: up to 30 s per pod), as a real kubelet
+  does once the containers exit on SIGTERM, which ours do. A test that needs a pod to linger while
+  deleted sets the stage's own annotation `pod-delete.stage.kwok.x-k8s.io/delay` (a duration) on it
+  first. Each TrainJob scenario's clean-up waited out those grace periods (15-28 s each, issue 34);
 - pod/general/pod-complete.yaml, keyed on a label instead of "owned by a Job": a Running pod
   labelled `SUCCEED_LABEL=succeeded` succeeds (ControlPlane.succeed_pod). Upstream completes
   every Job pod 1-6 s after it is Ready; the harness makes that a test's decision instead, so a
@@ -70,9 +75,26 @@ def _succeed_on_label(pod_complete: dict) -> dict:
     return stage
 
 
+#: The annotation whose duration holds a deleted pod before kwok removes it (pod-delete's durationFrom).
+DELETE_DELAY_ANNOTATION = "pod-delete.stage.kwok.x-k8s.io/delay"
+
+
+def _prompt_delete(stage: dict) -> dict:
+    """pod-delete without the jitter up to the grace period's end (the module docstring says why)."""
+    delay = stage["spec"]["delay"]
+    if (
+        delay.get("durationFrom", {}).get("expressionFrom")
+        != f'.metadata.annotations["{DELETE_DELAY_ANNOTATION}"]'
+    ):
+        raise ValueError("kwok's pod-delete stage no longer reads its delay annotation; re-read it")
+    delay.pop("jitterDurationFrom", None)
+    return stage
+
+
 def stages(kwok_module_dir: pathlib.Path, auto_complete: bool = False) -> list[dict]:
     root = kwok_module_dir / "kustomize" / "stage"
     docs = [_load(root, rel) for rel in _NODE_STAGES + _POD_STAGES]
+    docs = [_prompt_delete(d) if d["metadata"]["name"] == "pod-delete" else d for d in docs]
     pod_complete = _load(root, "pod/general/pod-complete.yaml")
     docs.append(_succeed_on_label(pod_complete))
     if auto_complete:

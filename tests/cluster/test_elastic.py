@@ -20,6 +20,7 @@ from cifar10_kfp.trainjob import (
     submit_trainjob,
     upload_outputs,
 )
+from localcluster import kwok_stages
 from tests.cluster.helpers import (
     client_for,
     condition,
@@ -193,6 +194,8 @@ def test_an_evicted_node_does_not_count_on_the_elastic_runtime(
     submit_trainjob(client_for(cp), build_trainjob(request))
     pods = running_pods(cp, namespace, request.name, 2)
     victim = pods[1]["metadata"]["name"]
+    # kwok removes a deleted pod after 1 s (kwok_stages.py); this one stays while its status is written.
+    cp.kubectl_ok("annotate", "pod", victim, "-n", namespace, f"{kwok_stages.DELETE_DELAY_ANNOTATION}=15s")
     eviction = {
         "apiVersion": "policy/v1",
         "kind": "Eviction",

@@ -94,6 +94,32 @@ def all_reduce_sum(tensor: torch.Tensor, runtime: Runtime) -> torch.Tensor:
     return tensor
 
 
+#: How far the ranks' weight checksums may differ, relative: DDP gives every rank the same averaged gradients, so
+#: its weights agree bit for bit on like machines; the margin covers elementwise rounding on unlike CPUs, and a
+#: rank that trained on its own gradients is off by far more (orders of magnitude after one step).
+REPLICA_TOLERANCE = 1e-6
+
+
+def check_replicas_agree(module: torch.nn.Module, runtime: Runtime) -> None:
+    """Refuse a run whose ranks ended with different weights: their gradients were not synchronised.
+
+    One all-reduce of two float64 numbers (the largest and, negated, the smallest checksum) per run;
+    every rank raises the same error, so rank 0 exports nothing.
+    """
+    if not runtime.distributed:
+        return
+    with torch.no_grad():
+        checksum = sum(p.detach().double().abs().sum() for p in module.parameters())
+        bounds = torch.stack([checksum, -checksum]).to(runtime.device)
+        torch.distributed.all_reduce(bounds, op=torch.distributed.ReduceOp.MAX)
+    high, low = bounds[0].item(), -bounds[1].item()
+    if high - low > REPLICA_TOLERANCE * max(abs(high), 1e-12):
+        raise RuntimeError(
+            f"the {runtime.world_size} ranks ended training with different weights (|w| sums from {low!r} to "
+            f"{high!r}): their gradients were not synchronised, so no model is exported"
+        )
+
+
 def default_nproc(requested: int) -> int:
     """``requested`` processes; 0 means one per visible GPU (one on a CPU-only machine)."""
     if requested < 0:

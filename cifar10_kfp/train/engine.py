@@ -48,6 +48,7 @@ from cifar10_kfp.train.distributed import (
     Rendezvous,
     Runtime,
     all_reduce_sum,
+    check_replicas_agree,
     default_nproc,
     in_torchrun_worker,
     launch,
@@ -347,6 +348,7 @@ def train_in_this_process(
             tracked_params(config, run.dataset, run.eval_split, run.batch_size, run.steps_per_epoch)
         )
         fit(state, run, config, runtime, checkpoints, clock, tracker=tracker)
+        check_replicas_agree(state.net, runtime)
         metrics = final_metrics(
             config, state.history, clock, steps=state.step, eval_split=run.eval_split,
             resumed_from_epoch=(state.resumed or {}).get("epoch", 0), world_size=runtime.world_size,

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 from pathlib import Path
@@ -21,7 +22,7 @@ import torch
 from safetensors.torch import load_file
 
 from cifar10_kfp.train.config import make_config
-from cifar10_kfp.train.distributed import Rendezvous
+from cifar10_kfp.train.distributed import Rendezvous, Runtime, check_replicas_agree
 from cifar10_kfp.train.engine import train
 
 
@@ -250,3 +251,38 @@ def test_a_trainer_node_other_than_0_waits_for_node_0s_store_with_a_bound(monkey
         listener.bind(("127.0.0.1", port))
         listener.listen()
         rendezvous.wait_for_host()  # returns as soon as the store answers
+
+
+def _replica_check_rank(rank: int, port: int, perturb: bool, results) -> None:
+    """One rank of a 2-rank gloo group: a seeded linear layer, rank 1's optionally changed."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(8, 4)
+        if perturb and rank == 1:
+            with torch.no_grad():
+                layer.weight[0, 0] += 0.01  # what one unsynchronised step does, and less
+        try:
+            check_replicas_agree(layer, Runtime(device=torch.device("cpu"), rank=rank, world_size=2))
+            results[rank] = "agree"
+        except RuntimeError as exc:
+            results[rank] = str(exc)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("perturb", [False, True])
+def test_ranks_whose_weights_differ_are_refused_on_every_rank(perturb):
+    import torch.multiprocessing as mp
+
+    from tests.support.torchrun_agents import free_port
+
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_replica_check_rank, args=(free_port(), perturb, results), nprocs=2, join=True)
+        got = dict(results)
+    if not perturb:
+        assert got == {0: "agree", 1: "agree"}
+    else:
+        assert all("ranks ended training with different weights" in got[r] for r in (0, 1)), got

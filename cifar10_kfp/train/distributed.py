@@ -109,7 +109,7 @@ def check_replicas_agree(module: torch.nn.Module, runtime: Runtime) -> None:
     if not runtime.distributed:
         return
     with torch.no_grad():
-        checksum = sum(p.detach().double().abs().sum() for p in module.parameters())
+        checksum = torch.stack([p.detach().double().abs().sum() for p in module.parameters()]).sum()
         bounds = torch.stack([checksum, -checksum]).to(runtime.device)
         torch.distributed.all_reduce(bounds, op=torch.distributed.ReduceOp.MAX)
     high, low = bounds[0].item(), -bounds[1].item()

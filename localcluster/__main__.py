@@ -35,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--kfp", action="store_true", help="also start the real KFP backend and its object store"
     )
+    parser.add_argument(
+        "--pod-security", default="restricted", choices=["restricted", "baseline"],
+        help="the Pod Security Standard the runs' namespace enforces (baseline: for images that run as root)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
 
     stop_on_signals()
@@ -54,12 +58,12 @@ def main(argv: list[str] | None = None) -> int:
                     f"Trainer {stack.version} + JobSet {stack.jobset_version} up in {stack.started_in_s:.0f} s"
                 )
             if args.kfp:
-                _start_kfp(cp, services)
+                _start_kfp(cp, services, args.pod_security)
             _wait_for_stop(cp)
     return 0
 
 
-def _start_kfp(cp, services: contextlib.ExitStack) -> None:
+def _start_kfp(cp, services: contextlib.ExitStack, pod_security: str = "restricted") -> None:
     from cifar10_kfp.storage.embedded import EmbeddedObjectStore
     from localcluster.kfp import BUCKET, KfpBackend
     from localcluster.prerequisites import missing_for_real_node
@@ -86,7 +90,9 @@ def _start_kfp(cp, services: contextlib.ExitStack) -> None:
         print(f"real node {node.name} up in {node.started_in_s:.0f} s; importing the images (minutes, once)")
         pods = services.enter_context(KfpPods(cp, node, store, cp.dir / "kfp-pods"))
         pod_defaults = pods.pod_defaults()
-    backend = services.enter_context(KfpBackend(cp, store, pod_defaults=pod_defaults))
+    backend = services.enter_context(
+        KfpBackend(cp, store, pod_defaults=pod_defaults, pod_security=pod_security)
+    )
     if pod_defaults:
         pods.connect(backend)
     print(f"KFP {versions.KFP} backend up in {backend.started_in_s:.0f} s; logs in {backend.dir / 'logs'}")

@@ -23,6 +23,7 @@ import time
 
 from localcluster import gobuild, reaper, versions
 from localcluster.controlplane import ControlPlane
+from localcluster.kfp import POD_SECURITY_LEVELS
 from localcluster.kubeflow import install_trainer
 
 
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         "--kfp", action="store_true", help="also start the real KFP backend and its object store"
     )
     parser.add_argument(
-        "--pod-security", default="restricted", choices=["restricted", "baseline"],
+        "--pod-security", default=POD_SECURITY_LEVELS[0], choices=POD_SECURITY_LEVELS,
         help="the Pod Security Standard the runs' namespace enforces (baseline: for images that run as root)",
     )  # fmt: skip
     args = parser.parse_args(argv)
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _start_kfp(cp, services: contextlib.ExitStack, pod_security: str = "restricted") -> None:
+def _start_kfp(cp, services: contextlib.ExitStack, pod_security: str) -> None:
     from cifar10_kfp.storage.embedded import EmbeddedObjectStore
     from localcluster.kfp import BUCKET, KfpBackend
     from localcluster.prerequisites import missing_for_real_node

@@ -42,6 +42,9 @@ _START_TIMEOUT_S = 180
 _BINARIES = ("kfp-apiserver", "kfp-persistence-agent", "kfp-scheduledworkflow", "workflow-controller")
 
 
+#: The Pod Security Standards the runs' namespace may enforce (KfpBackend's `pod_security`), the default first.
+POD_SECURITY_LEVELS = ("restricted", "baseline")
+
 #: Argo's polling as the harness runs it: 1 s where Argo's defaults wait 5 s (executor) and 10 s (controller).
 FAST_POLLING = {"WAIT_CONTAINER_STATUS_CHECK_INTERVAL": "1s", "DEFAULT_REQUEUE_TIME": "1s"}
 
@@ -94,8 +97,8 @@ class KfpBackend:
         self, cp, store, pod_defaults: dict | None = None, fast_polling: bool = True,
         pod_security: str = "restricted",
     ):  # fmt: skip
-        if pod_security not in ("restricted", "baseline"):
-            raise ValueError(f"pod_security={pod_security!r}: use 'restricted' or 'baseline'")
+        if pod_security not in POD_SECURITY_LEVELS:
+            raise ValueError(f"pod_security={pod_security!r}: use one of {', '.join(POD_SECURITY_LEVELS)}")
         self.cp, self.store, self.pod_defaults = cp, store, pod_defaults
         self.fast_polling, self.pod_security = fast_polling, pod_security
         self.dir = cp.dir / "kfp"

@@ -23,6 +23,7 @@ import types
 import pytest
 
 from cifar10_kfp.runs import read_summary
+from cifar10_kfp_components.image import image as component_image
 from cifar10_kfp_pipelines.policy import IMAGE_UID
 from localcluster import kfp as kfp_harness
 from localcluster.prerequisites import missing_for_real_node
@@ -76,9 +77,8 @@ def runs_in_flight(kfp_on_node, tmp_path_factory):
     _submit(backend, store, "schedule", "--name", SCHEDULE, "--cron", "*/30 * * * * *", "--no-catchup",
             "--max-concurrency", "1")  # fmt: skip
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        inflight.notebook_out = work / "nb-out"
         inflight.notebook = pool.submit(
-            notebook.execute, _notebook_values(inflight.notebook_out), work / "executed.ipynb",
+            notebook.execute, _notebook_values(work / "nb-out"), work / "executed.ipynb",
             cell_timeout_s=_RUN_TIMEOUT_S + 200, env=_notebook_env(backend, store),
         )  # fmt: skip
         try:
@@ -218,7 +218,7 @@ def test_a_training_run_succeeds_on_real_pods(control_plane, kfp_on_node, runs_i
         control_plane.kubectl_ok("get", "namespace", kfp_harness.NAMESPACE, "-o", "json").stdout
     )
     assert labels["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
-    ours = [c for p in pods for c in p["spec"]["containers"] if c["image"] == _component_image()]
+    ours = [c for p in pods for c in p["spec"]["containers"] if c["image"] == component_image()]
     assert ours and all(
         (c["securityContext"].get("runAsUser"), c["securityContext"].get("runAsNonRoot")) == (IMAGE_UID, True)
         for c in ours
@@ -245,12 +245,6 @@ def test_the_notebooks_cluster_path_submits_a_run_that_succeeds(kfp_on_node, run
     assert result["runs"]["test_accuracy"][0] == row["test_accuracy"]
     assert result["shown"].startswith("published model 'nb-on-the-cluster'"), "MIN_ACCURACY=0 must publish"
     assert result["per_class_shape"] == [10, 1] and result["n_predicted"] == 6
-
-
-def _component_image() -> str:
-    from cifar10_kfp_components.image import image
-
-    return image()
 
 
 def _fired_run_ids(cp) -> list[str]:

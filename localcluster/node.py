@@ -128,6 +128,7 @@ class RealNode:
         self._write_cni_config()
         self._start_containerd()
         self._forget_old_pods()
+        self.collect_garbage()
         cache = gobuild.cache_root() / "images"
         self.import_image(images.pause_archive(cache))
         self._start_kubelet()
@@ -349,6 +350,28 @@ state = "{self.dir / "containerd-state"}"
         listing = self.ctr("sandboxes", "ls", check=False, timeout=60).stdout.splitlines()[1:]
         for ident in (line.split()[0] for line in listing if line.strip()):
             self.ctr("sandboxes", "rm", "--force", ident, check=False, timeout=60)
+
+    def collect_garbage(self, *, leases_too: bool = True) -> list[str]:
+        """Drop what only an earlier run still holds in the cached image store; returns what went.
+
+        Two things outlive a node and keep gigabytes alive in containerd's cached root: the CRI
+        plugin's second name for every image it has run (its ID, `sha256:<config digest>`), which
+        after a rebuild replaces the component image's name is the only holder of the old 6 GB
+        snapshot; and leases left by a run that stopped mid-import or mid-pod (a lease never
+        expires here, and with it an ingest of gigabytes). An ID whose manifest no named image
+        has is dropped; every lease goes unless `leases_too` is False (a running node's pods may
+        hold one while containerd creates them); containerd's garbage collection runs at once
+        (`--sync`), not at its next scheduled pass.
+        """
+        rows = [line.split() for line in self.ctr("images", "ls").stdout.splitlines()[1:] if line.strip()]
+        named = {row[2] for row in rows if not row[0].startswith("sha256:")}
+        dangling = [row[0] for row in rows if row[0].startswith("sha256:") and row[2] not in named]
+        leases = self.ctr("leases", "ls", "-q").stdout.split() if leases_too else []
+        if dangling:
+            self.ctr("images", "rm", *([] if leases else ["--sync"]), *dangling, timeout=600)
+        if leases:
+            self.ctr("leases", "rm", "--sync", *leases, timeout=600)
+        return dangling + [f"lease {lease}" for lease in leases]
 
     # -- kubelet ---------------------------------------------------------------------------
     def _make_bridge(self) -> None:

@@ -89,11 +89,14 @@ def dependency_closure() -> list[md.Distribution]:
 
 def _link_tree(dists: list[md.Distribution], root: pathlib.Path) -> None:
     # Hard links (no 5 GB copy), falling back to copies across file systems. Files RECORD places
-    # outside site-packages (the dependencies' console scripts) are left out.
+    # outside site-packages (the dependencies' console scripts) are left out, and so is bytecode:
+    # a .pyc records its source's mtime, which differs between two installs of the same wheel (so
+    # the 6 GB layer would differ between this checkout's environment and CI's) and is stale in
+    # the image anyway (layers carry no mtimes). APP_STEP compiles it in the image instead.
     for dist in dists:
         for rel in dist.files or []:
             src = pathlib.Path(dist.locate_file(rel))
-            if str(rel).startswith("..") or not src.is_file():
+            if str(rel).startswith("..") or "__pycache__" in rel.parts or not src.is_file():
                 continue
             dst = root / SITE / rel
             dst.parent.mkdir(parents=True, exist_ok=True)
@@ -212,6 +215,11 @@ PYTHONPATH=/tmp/pip python -m pip install --no-index --no-deps --break-system-pa
     --find-links /tmp/dist "cifar10-kfp=={version}"
 PYTHONPATH=/tmp/pip python -m pip check --break-system-packages >/dev/null 2>&1 || true
 rm -rf /tmp/dist /tmp/pip
+# Bytecode checked by source hash, not mtime (layers carry none): without it every pod's python
+# compiles torch and kfp again (about 7 s per process here), and as uid 1000 cannot keep the result.
+# A file written for a later Python (torch's testing/_internal/py312_intrinsics.py) fails to compile
+# and is left without bytecode, as pip leaves it: that alone must not fail the build.
+python -m compileall -qq -f -j 0 --invalidation-mode checked-hash /usr/local/lib/python3.11/dist-packages || true
 cifar10-kfp --help > /dev/null
 python -c 'import kfp, cifar10_kfp, cifar10_kfp_components.image; print("kfp", kfp.__version__)'
 """
@@ -274,5 +282,6 @@ def ensure_imported(node, cache: pathlib.Path) -> bool:
     with _layer_trees(cache, dists) as trees:
         image = images.OciImage(IMAGE, trees, CONFIG)
         node.import_image(image)
+    node.collect_garbage(leases_too=False)  # the build this one replaced: 6 GB, gone now
     record.write_text(json.dumps({"name": IMAGE, "manifest_digest": image.manifest_digest}))
     return True

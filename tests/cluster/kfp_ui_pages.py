@@ -224,5 +224,25 @@ class Browser:
         found.scroll_into_view_if_needed()
 
     def poll(self, what: str, check, timeout_s: float, interval_s: float = 10.0):
-        """Reload-and-look until check() returns something truthy, as a person refreshes a page."""
-        return wait_until(f"{what} (in the UI)", check, timeout_s=timeout_s, interval_s=interval_s)
+        """Reload-and-look until check() returns something truthy, as a person refreshes a page.
+
+        A page that does not finish loading within its wait (the API server slow under a loaded
+        machine: CI once waited 30 s for a run's summary) is looked at again at the next refresh,
+        as a person would; only the whole `timeout_s` decides, and its failure names the last miss.
+        """
+
+        misses: list[str] = []
+
+        def look():
+            try:
+                return check()
+            except PlaywrightTimeout as slow:
+                misses.append(str(slow).splitlines()[0])
+                return None
+
+        try:
+            return wait_until(f"{what} (in the UI)", look, timeout_s=timeout_s, interval_s=interval_s)
+        except AssertionError as late:
+            raise AssertionError(
+                f"{late}; pages that did not load: {len(misses)}, last: {misses[-1:]}"
+            ) from None

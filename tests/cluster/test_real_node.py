@@ -110,6 +110,33 @@ def test_failing_container_fails_the_pod_with_its_exit_code(control_plane, real_
     assert status["state"]["terminated"]["exitCode"] == 7
 
 
+def test_the_image_store_keeps_nothing_that_only_an_earlier_run_holds(real_node, tmp_path):
+    """containerd's root is cached across runs (node.py), so what a run leaves there stays: CI's
+    disk filled up ("no space left on device" unpacking the component image) with an old 6 GB build
+    that only the CRI plugin's ID name still held, and a 5 GB ingest of a killed import that only a
+    lease held. Both are made here as containerd makes them, and the node's collection drops them."""
+    layer = tmp_path / "layer" / "old-build"
+    layer.mkdir(parents=True)
+    (layer / "payload").write_bytes(os.urandom(1 << 20))
+    old = images.OciImage("localhost/cifar10-kfp-garbage:1", [layer.parent], {"Cmd": ["/bin/true"]})
+    real_node.import_image(old)
+    image_id = json.loads(old.manifest_bytes)["config"]["digest"]
+    real_node.ctr("images", "tag", old.name, image_id)  # the CRI plugin names an image it ran so
+    real_node.ctr("images", "rm", old.name)  # a rebuild takes the name
+    (lease,) = real_node.ctr("leases", "create").stdout.split()  # as a killed import leaves one
+    (layer_digest,) = [one["digest"] for one in old.layers]  # one layer: its chain ID is its digest
+    assert layer_digest in real_node.ctr("snapshots", "ls").stdout
+
+    dropped = real_node.collect_garbage()
+
+    assert image_id in dropped and f"lease {lease}" in dropped, dropped
+    assert image_id not in real_node.ctr("images", "ls", "-q").stdout.split()
+    assert lease not in real_node.ctr("leases", "ls", "-q").stdout.split()
+    assert layer_digest not in real_node.ctr("snapshots", "ls").stdout  # the old layer is gone from disk
+    # What a named image holds stays; the pods of the tests after this one run from it.
+    assert real_node.has_image(*images.archive_ref(images.busybox_archive(gobuild.cache_root() / "images")))
+
+
 def test_pod_reaches_the_host_through_the_bridge(control_plane, real_node, cluster_namespace):
     # The path a pod takes to the object store on this machine: the bridge's gateway address.
     pod = _run_pod(
@@ -266,6 +293,28 @@ def _job_finished(cp, node) -> dict:
         "job", NAMESPACE, JOB, finished, what=f"job {NAMESPACE}/{JOB} finished",
         timeout_s=_JOB_TIMEOUT_S, interval_s=5, also_watch=node._procs(),
     )  # fmt: skip
+
+
+@pytest.mark.timeout(2400)  # the component image may be built here (minutes)
+def test_the_component_image_imports_its_modules_from_hash_checked_bytecode(
+    control_plane, real_node, train_image, cluster_namespace
+):
+    """Layers carry no mtimes, so bytecode checked by mtime is stale in the image and a pod's python
+    (uid 1000, which cannot write it back) compiles torch, kfp and the library at every start:
+    the image carries bytecode checked by source hash (flags 0b11 in the .pyc header, PEP 552)."""
+    probe = (
+        "import importlib.util, torch, torchvision, kfp, cifar10_kfp.train\n"
+        "for module in (torch, torchvision, kfp, cifar10_kfp.train):\n"
+        "    with open(importlib.util.cache_from_source(module.__file__), 'rb') as pyc:\n"
+        "        print(module.__name__, int.from_bytes(pyc.read(8)[4:8], 'little'))\n"
+    )
+    pod = _pod("bytecode", real_node, "", runAsUser=1000, runAsNonRoot=True)
+    pod["spec"]["containers"][0].update(image=train_image, command=["python", "-c", probe])
+    _run_pod(control_plane, cluster_namespace, pod, "Succeeded")
+    logs = control_plane.kubectl_ok("logs", "-n", cluster_namespace, "bytecode").stdout.split()
+    assert dict(zip(logs[::2], logs[1::2])) == {
+        name: "3" for name in ("torch", "torchvision", "kfp", "cifar10_kfp.train")
+    }, logs
 
 
 @pytest.mark.timeout(2400)  # first run: the component image is built (~4 min) and imported

@@ -16,7 +16,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE ?= $(REGISTRY)/cifar10-kfp:$(VERSION)
 PYTEST_ARGS ?=
 
-.PHONY: help install tools run test test-fast test-registry model-registry test-cluster cluster cluster-full cluster-build compile lint typecheck bench bench-quick image clean
+.PHONY: help install lock tools run test test-fast test-registry model-registry test-cluster cluster cluster-full cluster-build compile lint typecheck bench bench-quick image clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -24,15 +24,27 @@ help: ## list the targets
 # An existing .venv is reused: the install runs only when the stamp is missing or pyproject.toml is
 # newer, and then pip keeps every installed requirement that still fits (torch is not fetched again);
 # only this package and new or changed requirements are installed. pip's cache (~/.cache/pip) is used.
-$(STAMP): pyproject.toml
+# The versions are constraints.txt's (the environment the tests last passed in); `make lock` re-resolves them.
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 	@# setuptools notes every editable install of a package-dir layout ("Editable installation. Please be
 	@# careful with folders ...") as a warning; it is information, not a problem, so the install stays quiet.
-	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install -q --disable-pip-version-check -e '.[local,dev]'
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install -q --disable-pip-version-check \
+		-c constraints.txt -e '.[local,dev]'
 	@touch $@
 
 install: $(STAMP) ## create .venv (if missing) and install the package with its local and dev extras
+
+LOCK_VENV := .venv-lock
+lock: ## re-resolve pyproject.toml's requirements in a fresh environment and pin the result in constraints.txt
+	rm -rf $(LOCK_VENV) && $(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+	PYTHONWARNINGS="ignore:Editable installation" $(LOCK_VENV)/bin/python -m pip install -q \
+		--disable-pip-version-check -e '.[local,dev]'
+	{ sed -n '/^#/p' constraints.txt; $(LOCK_VENV)/bin/python -m pip freeze --exclude-editable; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt && rm -rf $(LOCK_VENV)
+	@echo "constraints.txt re-resolved: \`make install\` now installs it (git diff constraints.txt says what moved)"
 
 run: $(STAMP) ## run the whole training pipeline locally (kfp.local) on the embedded object store
 	$(CLI) run-local --param dataset_uri=$(DATASET) $(foreach p,$(PARAMS),--param $(p)) --summary-json runs/last-summary.json

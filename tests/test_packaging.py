@@ -111,3 +111,41 @@ def test_no_source_imports_the_generic_folder_names():
             ):
                 offenders.append(f"{path.relative_to(ROOT)}:{number}: {stripped}")
     assert not offenders, "\n".join(offenders)
+
+
+def _pins() -> dict[str, str]:
+    from packaging.utils import canonicalize_name
+
+    lines = (ROOT / "constraints.txt").read_text().splitlines()
+    pins = dict(line.split("==", 1) for line in lines if line and not line.startswith("#"))
+    return {canonicalize_name(name): version for name, version in pins.items()}
+
+
+def test_constraints_pin_every_requirement_to_a_version_it_allows():
+    """`make install` installs constraints.txt's versions: a pin outside pyproject's range would make
+    pip refuse the install, and a requirement without a pin would float to each day's release."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    specs = [*project["dependencies"], *extras["local"], *extras["dev"], *extras["tracking"]]
+    pins = _pins()
+    for spec in specs:
+        requirement = Requirement(spec)
+        name = canonicalize_name(requirement.name)
+        if name == "cifar10-kfp":  # the dev extra's own [tracking]
+            continue
+        assert name in pins, f"{requirement.name} has no pin in constraints.txt (make lock)"
+        assert requirement.specifier.contains(pins[name], prereleases=True), (
+            f"constraints.txt pins {requirement.name}=={pins[name]}, outside pyproject's {spec!r} (make lock)"
+        )
+
+
+def test_make_install_installs_the_pinned_versions():
+    install = subprocess.run(
+        ["make", "-n", "--always-make", "install"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    assert "-c constraints.txt -e '.[local,dev]'" in install.replace("\\\n", " ").replace("\t", ""), install

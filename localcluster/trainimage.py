@@ -100,6 +100,12 @@ def _link_tree(dists: list[md.Distribution], root: pathlib.Path) -> None:
                 continue
             dst = root / SITE / rel
             dst.parent.mkdir(parents=True, exist_ok=True)
+            if rel.name == "RECORD" and rel.parent.name.endswith(".dist-info"):
+                # It lists the console scripts left out, with hashes of their shebangs (which name
+                # this environment's path): the image's RECORD lists only what the image holds.
+                lines = src.read_text().splitlines(keepends=True)
+                dst.write_text("".join(line for line in lines if not line.startswith("../")))
+                continue
             try:
                 os.link(src, dst)
             except OSError:
@@ -243,6 +249,12 @@ CONFIG = {
 def _layer_trees(cache: pathlib.Path, dists: list[md.Distribution]):
     """Yield the image's four layer trees (base, user, deps, app), built in a scratch directory."""
     base = _base_rootfs(cache)
+    # A build killed mid-way leaves its scratch directory (hard links into the environment): it goes,
+    # unless something is still mounted in it (its chroot's /dev and /proc are the host's).
+    mounts = [line.split()[1] for line in pathlib.Path("/proc/self/mounts").read_text().splitlines()]
+    for stale in cache.glob("train-image-*"):
+        if not any(m == str(stale) or m.startswith(f"{stale}/") for m in mounts):
+            shutil.rmtree(stale, ignore_errors=True)
     with tempfile.TemporaryDirectory(prefix="train-image-", dir=cache) as tmp:
         work = pathlib.Path(tmp)
         user, deps, app = work / "layer-user", work / "layer-deps", work / "layer-app"

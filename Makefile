@@ -72,8 +72,8 @@ test-cluster: cluster-build ## run tests/cluster against a real control plane, T
 cluster: cluster-build ## start the real control plane + Trainer in the foreground; prints export KUBECONFIG=...
 	$(PY) -m localcluster $(CLUSTER_ARGS)
 
-cluster-full: cluster-build ## as cluster, plus the real KFP 2.17.0 backend and its object store; prints KF_PIPELINES_ENDPOINT and MINIO_*
-	$(PY) -m localcluster --kfp $(CLUSTER_ARGS)
+cluster-full: cluster-build ## as cluster, plus the real KFP 2.17.0 backend and its object store (MULTI_USER=1: multi-user, profiles team-a/b)
+	$(PY) -m localcluster --kfp $(if $(MULTI_USER),--multi-user) $(CLUSTER_ARGS)
 
 test-registry: $(STAMP) ## the tests against a real Kubeflow Model Registry server (needs mariadb-server and go)
 	$(PY) -m pytest $(REGISTRY_TESTS) $(PYTEST_ARGS)

@@ -1,6 +1,6 @@
 """`make cluster`: the real control plane (and a Trainer stack) in the foreground until Ctrl-C.
 
-    python -m localcluster [--trainer 2.3|2.2|none] [--gpu-nodes N] [--cpu-nodes N] [--kfp]
+    python -m localcluster [--trainer 2.3|2.2|none] [--gpu-nodes N] [--cpu-nodes N] [--kfp] [--multi-user]
 
 `--kfp` (`make cluster-full`) adds the real KFP 2.17.0 backend (kfp.py) with an embedded object
 store as its artifact store, and a real node (node.py) on which runs' pods really run, with what
@@ -37,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
         "--kfp", action="store_true", help="also start the real KFP backend and its object store"
     )
     parser.add_argument(
+        "--multi-user", action="store_true",
+        help="the KFP backend in multi-user mode, with profiles team-a and team-b (implies --kfp; no real node)",
+    )  # fmt: skip
+    parser.add_argument(
         "--pod-security", default=POD_SECURITY_LEVELS[0], choices=POD_SECURITY_LEVELS,
         help="the Pod Security Standard the runs' namespace enforces (baseline: for images that run as root)",
     )  # fmt: skip
@@ -58,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"Trainer {stack.version} + JobSet {stack.jobset_version} up in {stack.started_in_s:.0f} s"
                 )
-            if args.kfp:
+            if args.multi_user:
+                _start_multi_user_kfp(cp, services, args.pod_security)
+            elif args.kfp:
                 _start_kfp(cp, services, args.pod_security)
             _wait_for_stop(cp)
     return 0
@@ -105,6 +111,33 @@ def _start_kfp(cp, services: contextlib.ExitStack, pod_security: str) -> None:
     print(f"export KF_PIPELINES_ENDPOINT={backend.endpoint}")
     for key, value in store.env().items():
         print(f"export {key}={value}")
+
+
+def _start_multi_user_kfp(cp, services: contextlib.ExitStack, pod_security: str) -> None:
+    """The API server in multi-user mode and two profiles (kfp.py, profiles.py): requests are authorized
+    by the real kube-apiserver; runs in a profile do not execute yet (docs/kfp-backend.md says why)."""
+    from cifar10_kfp.storage.embedded import EmbeddedObjectStore
+    from localcluster.kfp import BUCKET, KfpBackend
+    from localcluster.profiles import KFP_AUDIENCE, Profile
+
+    store = services.enter_context(EmbeddedObjectStore(cp.dir / "kfp-store", bucket=BUCKET))
+    remove_sockets = ["rm", "-f", *map(str, store._socket_paths())]
+    reaper.track_command(remove_sockets)
+    services.callback(reaper.untrack, "command", remove_sockets)
+    backend = services.enter_context(KfpBackend(cp, store, pod_security=pod_security, multi_user=True))
+    profiles = (Profile("team-a", "alice@example.com"), Profile("team-b", "bob@example.com"))
+    for profile in profiles:
+        profile.create(cp, pod_security)
+    print(
+        f"KFP {versions.KFP} backend (multi-user) up in {backend.started_in_s:.0f} s; logs in {backend.dir / 'logs'}"
+    )
+    print(f"export KF_PIPELINES_ENDPOINT={backend.endpoint}")
+    for profile in profiles:
+        print(
+            f"# {profile.name} (owner {profile.owner}): export KF_PIPELINES_TOKEN=$(kubectl create token "
+            f"default-editor -n {profile.name} --audience {KFP_AUDIENCE}); cifar10-kfp runs --namespace {profile.name}"
+        )
+    print(f"# or as the gateway does: curl -H 'kubeflow-userid: {profiles[0].owner}' ...")
 
 
 def stop_on_signals() -> None:

@@ -15,8 +15,16 @@ The cluster objects are upstream's own manifests, read from the same source tree
 pipeline-runner service account and role (manifests/kustomize/base/pipeline/pipeline-runner-*.yaml).
 The workflow-controller ConfigMap carries the settings KFP's third-party/argo/base patch sets.
 
+`multi_user=True` starts the API server as manifests/kustomize/base/installs/multi-user/ does
+(api-service/params.env: MULTIUSER=true, default-editor as the runs' service account; the identity
+header and prefix of base/installs/generic/pipeline-install-config.yaml), with KFP's pipeline rights as
+aggregated ClusterRoles (multi-user/view-edit-cluster-roles.yaml) and the controllers watching every
+namespace. Each request is then authenticated by the real kube-apiserver (TokenReview of a bearer
+token, or the gateway's `kubeflow-userid` header) and authorized by it (SubjectAccessReview) in the
+request's namespace: a profile (profiles.py).
+
 Left out: the v1 cache server (a pod mutating webhook for KFP v1 pipelines; v2 runs cache through the
-driver and the API server) and multi-user mode; the UI is kfp_ui.py. The host processes use the admin kubeconfig
+driver and the API server); the UI is kfp_ui.py. The host processes use the admin kubeconfig
 rather than their upstream service-account roles.
 """
 
@@ -95,13 +103,13 @@ class KfpBackend:
 
     def __init__(
         self, cp, store, pod_defaults: dict | None = None, fast_polling: bool = True,
-        pod_security: str = "restricted",
+        pod_security: str = "restricted", multi_user: bool = False,
     ):  # fmt: skip
         if pod_security not in POD_SECURITY_LEVELS:
             raise ValueError(f"pod_security={pod_security!r}: use one of {', '.join(POD_SECURITY_LEVELS)}")
         self.cp, self.store, self.pod_defaults = cp, store, pod_defaults
-        self.fast_polling, self.pod_security = fast_polling, pod_security
-        self.dir = cp.dir / "kfp"
+        self.fast_polling, self.pod_security, self.multi_user = fast_polling, pod_security, multi_user
+        self.dir = cp.dir / ("kfp-multi-user" if multi_user else "kfp")
         self.procs: dict[str, procs.Process] = {}
         self.db: MariaDB | None = None
 
@@ -176,6 +184,12 @@ class KfpBackend:
             "pipeline-runner-rolebinding.yaml",
         ):
             self.cp.kubectl_ok("apply", "-n", NAMESPACE, "-f", str(pipeline / name))
+        if self.multi_user:
+            from localcluster.profiles import kubeflow_roles
+
+            roles = {"apiVersion": "v1", "kind": "List", "items": kubeflow_roles()}
+            self.cp.kubectl_ok("apply", "-f", "-", input=json.dumps(roles))
+            self.cp.kubectl_ok("apply", "-f", str(self._multi_user_dir / "view-edit-cluster-roles.yaml"))
         access, secret = self.store.access_key, self.store.secret_key
         self._apply(
             {
@@ -204,6 +218,24 @@ class KfpBackend:
 
     def _apply(self, obj: dict) -> None:
         self.cp.kubectl_ok("apply", "-n", NAMESPACE, "-f", "-", input=json.dumps(obj))
+
+    @property
+    def _multi_user_dir(self):
+        return self.kfp_tree / "manifests/kustomize/base/installs/multi-user"
+
+    def _multi_user_env(self) -> dict[str, str]:
+        """The API server's multi-user settings, read from the pinned tree's manifests."""
+        params = (self._multi_user_dir / "api-service/params.env").read_text().splitlines()
+        env = dict(line.split("=", 1) for line in params if "=" in line and not line.startswith("#"))
+        install = self.kfp_tree / "manifests/kustomize/base/installs/generic/pipeline-install-config.yaml"
+        data = yaml.safe_load(install.read_text())["data"]
+        # api-service/deployment-patch.yaml maps these two keys of pipeline-install-config to the env.
+        env["KUBEFLOW_USERID_HEADER"], env["KUBEFLOW_USERID_PREFIX"] = (
+            data["USERID_HEADER"],
+            data["USERID_PREFIX"],
+        )
+        return {key: env[key] for key in ("MULTIUSER", "DEFAULTPIPELINERUNNERSERVICEACCOUNT",
+                                          "KUBEFLOW_USERID_HEADER", "KUBEFLOW_USERID_PREFIX")}  # fmt: skip
 
     # -- processes -------------------------------------------------------------------------
     def _home(self) -> dict[str, str]:
@@ -252,6 +284,7 @@ class KfpBackend:
             # image bakes these in at build time).
             "TAG_NAME": versions.KFP,
             "COMMIT_SHA": sources.KFP_COMMIT,
+            **(self._multi_user_env() if self.multi_user else {}),
         }
 
     def _start_apiserver(self) -> None:
@@ -302,6 +335,9 @@ class KfpBackend:
 
     def _start_controllers(self) -> None:
         kubeconfig = str(self.cp.kubeconfig)
+        # Multi-user: the agent and the scheduler watch every namespace (their multi-user deployment
+        # patches set NAMESPACE to ""); the workflow controller is cluster-wide in both modes.
+        watched = "" if self.multi_user else NAMESPACE
         api = ["--mlPipelineAPIServerName=127.0.0.1", f"--mlPipelineServiceGRPCPort={self.grpc_port}"]
         commands = {
             "workflow-controller": [
@@ -310,18 +346,18 @@ class KfpBackend:
             ],
             "kfp-persistence-agent": [
                 *self._with_agent_token(),
-                str(self.bin["kfp-persistence-agent"]), f"--kubeconfig={kubeconfig}", f"--namespace={NAMESPACE}",
+                str(self.bin["kfp-persistence-agent"]), f"--kubeconfig={kubeconfig}", f"--namespace={watched}",
                 *api, f"--mlPipelineServiceHttpPort={self.http_port}", "--numWorker=2",
             ],
             "kfp-scheduledworkflow": [
-                str(self.bin["kfp-scheduledworkflow"]), f"--kubeconfig={kubeconfig}", f"--namespace={NAMESPACE}",
+                str(self.bin["kfp-scheduledworkflow"]), f"--kubeconfig={kubeconfig}", f"--namespace={watched}",
                 *api, f"--metricsPort={procs.free_port()}",
             ],
         }  # fmt: skip
         env = {
             **self._home(),
             "POD_NAMESPACE": NAMESPACE,
-            "NAMESPACE": NAMESPACE,
+            "NAMESPACE": watched,
             "LEADER_ELECTION_DISABLE": "true",
         }
         if self.fast_polling:

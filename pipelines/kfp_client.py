@@ -133,9 +133,10 @@ KFP_UNREACHABLE_CHECK = (
 
 
 @contextlib.contextmanager
-def explained_api_errors(login: Login, what: str = "the KFP API"):
+def explained_api_errors(login: Login, what: str = "the KFP API", namespace: str | None = None):
     """Turn an HTTP error of the KFP API into a ``RuntimeError`` that says what to do, with secrets redacted;
-    an API that cannot be reached at all (refused, timed out) into one line saying so."""
+    an API that cannot be reached at all (refused, timed out) into one line saying so. ``namespace`` is the
+    profile the request was for, named when access to it is denied."""
     from kfp_server_api.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
@@ -143,7 +144,7 @@ def explained_api_errors(login: Login, what: str = "the KFP API"):
         with quiet_retries():
             yield
     except ApiException as exc:
-        raise RuntimeError(login.redact(describe_api_error(exc, login, what))) from None
+        raise RuntimeError(login.redact(describe_api_error(exc, login, what, namespace))) from None
     except HTTPError as exc:  # urllib3 gave up: no HTTP answer at all
         message = f"{what} at {login.host} {unreachable_reason(exc)}; {KFP_UNREACHABLE_CHECK}"
         raise RuntimeError(login.redact(message)) from None
@@ -192,8 +193,8 @@ def unreachable_reason(exc: BaseException) -> str:
     return f"is unreachable ({detail})"
 
 
-def describe_api_error(exc, login: Login, what: str = "the KFP API") -> str:
-    """One message for an ``ApiException``: authentication failures say how to log in."""
+def describe_api_error(exc, login: Login, what: str = "the KFP API", namespace: str | None = None) -> str:
+    """One message for an ``ApiException``: authentication failures say how to log in, denials which namespace."""
     detail = _api_error_message(exc.body)
     status = f"{exc.status} {exc.reason or ''}".strip()
     if exc.status == 401:
@@ -206,9 +207,10 @@ def describe_api_error(exc, login: Login, what: str = "the KFP API") -> str:
         )
         return f"{what} at {login.host} refused the request ({status}: {detail}); {how}"
     if exc.status == 403:
+        where = f"namespace {namespace!r}" if namespace else "this namespace"
         return (
-            f"{what} at {login.host} denied access ({status}: {detail}); the identity behind the {login.method} "
-            "has no rights in this namespace: check --namespace (your profile) and the profile's contributors"
+            f"{what} at {login.host} denied access to {where} ({status}: {detail}); the identity behind the "
+            f"{login.method} has no rights in {where}: check --namespace (your profile) and the profile's contributors"
         )
     return f"{what} at {login.host} answered {status}: {detail}"
 

@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
 
     login = common.login_from_args(args)
     client = make_client(login, args.namespace)
-    with explained_api_errors(login):
+    with explained_api_errors(login, namespace=args.namespace):
         experiment_id = None
         if args.experiment:
             experiment_id = client.get_experiment(

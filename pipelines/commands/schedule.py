@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         params = typed_arguments(args.pipeline, common.parse_key_values(args.param))
     login = common.login_from_args(args)
     client = make_client(login, args.namespace)
-    with explained_api_errors(login):
+    with explained_api_errors(login, namespace=args.namespace):
         if toggle:
             return _toggle(client, *toggle[0], args.namespace)
         return _create(client, args, params)

@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     policy = common.policy_from_args(args)
     common.warn_if_unpublished_image(policy.image)
     client = make_client(login, args.namespace)
-    with temp_dir() as tmp, explained_api_errors(login):
+    with temp_dir() as tmp, explained_api_errors(login, namespace=args.namespace):
         package = compile_for_submit(args.pipeline, no_cache=args.no_cache, workdir=tmp, policy=policy)
         result = client.create_run_from_pipeline_package(
             str(package),

@@ -1,6 +1,6 @@
-"""The stages of issue 24 ("the pipeline runs for real"), issue 34's clean stop and issue 35's KFP UI, and the scenarios
-of `make test-cluster` that show each one; the closing table prints a result per stage
-(tests/cluster/conftest.py)."""
+"""The stages of issue 24 ("the pipeline runs for real"), issue 34's clean stop, issue 35's KFP UI and issue 36's
+multi-user KFP, and the scenarios of `make test-cluster` that show each one; the closing table prints a result
+per stage (tests/cluster/conftest.py)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,14 @@ STAGES: list[tuple[str, set[str]]] = [
         "test_ui_follows_the_tiny_run_its_steps_turn_green_and_train_logs_epochs",
         "test_ui_evaluate_step_shows_metrics_confusion_matrix_report_and_markdown",
         "test_ui_recurring_runs_first_run_succeeds_and_compares_with_the_tiny_run",
+    }),
+    ("36 multi-user KFP: profiles, real TokenReview and SubjectAccessReview", {
+        "test_the_api_server_runs_in_multi_user_mode_with_the_profiles_made_as_upstream_makes_them",
+        "test_a_profiles_token_lists_its_runs_and_the_other_teams_token_is_refused_naming_the_namespace",
+        "test_without_credentials_the_cli_is_refused_saying_how_to_log_in_and_nothing_is_created",
+        "test_a_token_minted_for_another_audience_is_rejected_by_the_token_review",
+        "test_the_gateways_userid_header_is_authorized_for_its_owners_profile_only",
+        "test_a_viewer_may_read_but_not_create_and_an_editor_creates",
     }),
     ("34.6 make cluster stops clean (INT/KILL)", {"test_make_cluster_stops_clean"}),
     ("34.6 make cluster-full stops clean (KILL)", {"test_make_cluster_full_stops_clean_when_killed"}),

@@ -6,6 +6,12 @@ Only the behaviour the client relies on is implemented: create/get/list (with th
 ``display_name`` EQUALS filter the client uses to find an experiment by name), recurring
 run enable/disable/delete, and run listing sorted newest first.
 
+What it is still for, in ``make test`` (no cluster there): recording what our CLI and ``kfp.Client``
+send, which the real server does not show: the bearer on every call, the token re-read from its file,
+the gateway's session cookie (no oauth2-proxy runs here). Whether a token, a header or a missing one
+is accepted, and in which namespace, is asked of the real multi-user API server and the real
+kube-apiserver instead (tests/cluster/test_multi_user.py); the refusal tests that used this moved there.
+
 ``KfpFakeServer(token=..., session_cookie=...)`` plays multi-user Kubeflow: every API call except
 ``healthz`` must carry ``Authorization: Bearer <token>`` (the API server's TokenReview authenticator)
 or the session cookie (what the gateway's oauth2-proxy turns into a ``kubeflow-userid`` header);

@@ -103,13 +103,17 @@ class ImageStore:
             ) from None
 
     def _forget_old_pods(self) -> None:
-        # Containers and sandboxes recorded by an earlier node (killed before its teardown) are
-        # deleted before the kubelet starts; their processes and mounts died with that run.
-        for ident in self.ctr("containers", "ls", "-q", check=False, timeout=60).stdout.split():
-            self.ctr("containers", "rm", ident, check=False, timeout=60)
+        # Containers and sandboxes recorded by an earlier node (killed before its teardown, or
+        # stopped: its pods' tasks go, their records stay) are deleted before the kubelet starts;
+        # their processes and mounts died with that run. One ctr call for all of them, not one each:
+        # the cache CI had filled held 584.
+        containers = self.ctr("containers", "ls", "-q", check=False, timeout=60).stdout.split()
+        if containers:
+            self.ctr("containers", "rm", *containers, check=False, timeout=600)
         listing = self.ctr("sandboxes", "ls", check=False, timeout=60).stdout.splitlines()[1:]
-        for ident in (line.split()[0] for line in listing if line.strip()):
-            self.ctr("sandboxes", "rm", "--force", ident, check=False, timeout=60)
+        sandboxes = [line.split()[0] for line in listing if line.strip()]
+        if sandboxes:
+            self.ctr("sandboxes", "rm", "--force", *sandboxes, check=False, timeout=600)
 
     def collect_garbage(self, *, leases_too: bool = True) -> list[str]:
         """Drop what only an earlier run still holds in the cached image store; returns what went.

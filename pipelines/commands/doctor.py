@@ -32,6 +32,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kube-api", default=None, help="Kubernetes API URL (default: kubeconfig / in-cluster)"
     )
+    parser.add_argument("--host", default=None,
+                        help="KFP API URL to check the login against (default: KF_PIPELINES_ENDPOINT; "
+                        "without either, that check is skipped)")  # fmt: skip
+    parser.add_argument("--token", default=None, help="bearer token (default: KF_PIPELINES_TOKEN)")
+    parser.add_argument(
+        "--cookies", default=None, help="gateway session cookie(s) (default: KF_PIPELINES_COOKIES)"
+    )
 
 
 def _api_get(api_client, path: str):
@@ -251,6 +258,39 @@ def check_trainjob_rbac(api_client, namespace: str, runner: str, num_nodes: int)
                  "and list events")  # fmt: skip
 
 
+def check_kfp_login(login, namespace: str) -> Check:
+    """Ask the KFP API itself: its mode (healthz's multi_user) and whether this login may list runs in
+    `namespace`, as the API server decides it (in multi-user mode: TokenReview and SubjectAccessReview)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    from cifar10_kfp_pipelines.kfp_client import explained_api_errors, make_client
+
+    name = "KFP login"
+    headers = {"Authorization": f"Bearer {login.token}"} if login.token else {}
+    if login.cookies:  # through the gateway, even healthz needs the session
+        headers["Cookie"] = login.cookies
+    request = urllib.request.Request(f"{login.host}/apis/v2beta1/healthz", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=API_TIMEOUT_S) as resp:  # noqa: S310 (the user's KFP URL)
+            health = json.loads(resp.read() or b"{}")
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return Check(name, False, f"{login.host}/apis/v2beta1/healthz did not answer ({exc})",
+                     "check --host / KF_PIPELINES_ENDPOINT and the port-forward to the KFP API")  # fmt: skip
+    mode = "multi-user" if health.get("multi_user") else "single-user"
+    version = health.get("tag_name") or "unknown version"
+    try:
+        client = make_client(login, namespace)
+        with explained_api_errors(login, namespace=namespace):
+            client.list_runs(namespace=namespace, page_size=1)
+    except RuntimeError as refused:
+        return Check(name, False, f"KFP {version}, {mode} mode: {refused}", "")
+    who = f"the {login.method}" if login.method != "none" else "no credentials"
+    rights = f"{who} may list runs in namespace {namespace!r}"
+    return Check(name, True, f"KFP {version}, {mode} mode at {login.host}: {rights}")
+
+
 def _subject_may(api_client, user: str, namespace: str, group: str, resource: str, verb: str) -> bool | None:
     """The API server's answer for one verb; None when this caller may not ask."""
     from kubernetes import client
@@ -281,7 +321,19 @@ def diagnose(api_client, args: argparse.Namespace) -> list[Check]:
         check_elastic_runtime(api_client, args.num_nodes),
         check_trainjob_rbac(api_client, args.namespace, _runner(args), args.num_nodes),
         *check_storage_access(),
+        *_kfp_login_checks(args),
     ]
+
+
+def _kfp_login_checks(args: argparse.Namespace) -> list[Check]:
+    from cifar10_kfp_pipelines.kfp_client import Login
+
+    try:
+        login = Login.resolve(host=getattr(args, "host", None), token=getattr(args, "token", None),
+                              cookies=getattr(args, "cookies", None))  # fmt: skip
+    except ValueError:  # no host given or configured: nothing to ask
+        return []
+    return [check_kfp_login(login, args.namespace)]
 
 
 def _runner(args: argparse.Namespace) -> str:

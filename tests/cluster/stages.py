@@ -40,6 +40,7 @@ STAGES: list[tuple[str, set[str]]] = [
         "test_a_token_minted_for_another_audience_is_rejected_by_the_token_review",
         "test_the_gateways_userid_header_is_authorized_for_its_owners_profile_only",
         "test_a_viewer_may_read_but_not_create_and_an_editor_creates",
+        "test_doctor_reports_the_mode_and_the_logins_rights_in_the_profile_as_the_servers_answer",
     }),
     ("34.6 make cluster stops clean (INT/KILL)", {"test_make_cluster_stops_clean"}),
     ("34.6 make cluster-full stops clean (KILL)", {"test_make_cluster_full_stops_clean_when_killed"}),

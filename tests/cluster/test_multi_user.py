@@ -45,10 +45,11 @@ def multi_user_kfp(control_plane, tmp_path_factory):
             yield backend
 
 
-def _cli(backend, *args: str, token: str | None = None):
+def _cli(backend, *args: str, token: str | None = None, extra_env: dict[str, str] | None = None):
     import subprocess
 
     env = user_env(KF_PIPELINES_ENDPOINT=backend.endpoint, **({"KF_PIPELINES_TOKEN": token} if token else {}))
+    env.update(extra_env or {})
     return subprocess.run(command(*args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
 
 
@@ -160,3 +161,21 @@ def test_a_viewer_may_read_but_not_create_and_an_editor_creates(control_plane, m
     assert made.namespace == TEAM_A.name
     listed = viewer.list_experiments(namespace=TEAM_A.name).experiments
     assert [e.display_name for e in listed] == ["editor-can"]
+
+
+def test_doctor_reports_the_mode_and_the_logins_rights_in_the_profile_as_the_servers_answer(
+    control_plane, multi_user_kfp
+):
+    def doctor_line(token: str) -> str:
+        done = _cli(
+            multi_user_kfp, "doctor", "--namespace", TEAM_A.name, "--kfp-namespace", "kubeflow",
+            token=token, extra_env={"KUBECONFIG": str(control_plane.kubeconfig)},
+        )  # fmt: skip
+        (line,) = [line for line in done.stdout.splitlines() if "KFP login:" in line]
+        return line
+
+    own = doctor_line(TEAM_A.token(control_plane))
+    assert own.startswith("[OK  ]") and "KFP 2.17.0, multi-user mode" in own, own
+    assert "may list runs in namespace 'team-a'" in own, own
+    other = doctor_line(TEAM_B.token(control_plane))
+    assert other.startswith("[FAIL]") and "denied access to namespace 'team-a'" in other, other

@@ -125,7 +125,6 @@ def test_constraints_pin_every_requirement_to_a_version_it_allows():
     """`make install` installs constraints.txt's versions: a pin outside pyproject's range would make
     pip refuse the install, and a requirement without a pin would float to each day's release."""
     import tomllib
-
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -30,6 +31,18 @@ _SELECTED_STACKS = [
 ]
 _RESULTS: list[tuple[str, str, float]] = []
 _TIMINGS: dict[str, float] = {}
+_SESSION_STARTED: list[float] = []  # monotonic clock at the session's start (pytest_sessionstart)
+
+
+def pytest_sessionstart(session):
+    _SESSION_STARTED.append(time.monotonic())
+
+
+def _total_line() -> str:
+    """The whole session, set-ups and tear-downs included, beside the scenarios' own calls."""
+    total = time.monotonic() - _SESSION_STARTED[0] if _SESSION_STARTED else 0.0
+    calls = sum(duration for _, _, duration in _RESULTS)
+    return f"total: {len(_RESULTS)} results in {total // 60:.0f} min {total % 60:02.0f} s (their own calls {calls:.0f} s)"
 
 
 @pytest.fixture(scope="session")
@@ -122,7 +135,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not _RESULTS:
         return
     terminalreporter.section("real control plane: components and scenarios")
-    for line in _table_lines():
+    for line in [*_table_lines(), "", _total_line()]:
         terminalreporter.write_line(line)
     target = os.environ.get("CLUSTER_TABLE_JSON")
     if target:

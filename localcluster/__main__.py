@@ -70,10 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _start_kfp(cp, services: contextlib.ExitStack, pod_security: str) -> None:
+def _start_store(cp, services: contextlib.ExitStack):
+    """The embedded object store that the KFP backend uses as its artifact store."""
     from cifar10_kfp.storage.embedded import EmbeddedObjectStore
-    from localcluster.kfp import BUCKET, KfpBackend
-    from localcluster.prerequisites import missing_for_real_node
+    from localcluster.kfp import BUCKET
 
     store = services.enter_context(EmbeddedObjectStore(cp.dir / "kfp-store", bucket=BUCKET))
     # weed makes its unix sockets in /tmp whatever TMPDIR says, and only the store's own stop
@@ -81,6 +81,14 @@ def _start_kfp(cp, services: contextlib.ExitStack, pod_security: str) -> None:
     remove_sockets = ["rm", "-f", *map(str, store._socket_paths())]
     reaper.track_command(remove_sockets)
     services.callback(reaper.untrack, "command", remove_sockets)
+    return store
+
+
+def _start_kfp(cp, services: contextlib.ExitStack, pod_security: str) -> None:
+    from localcluster.kfp import KfpBackend
+    from localcluster.prerequisites import missing_for_real_node
+
+    store = _start_store(cp, services)
     pod_defaults = None
     missing = missing_for_real_node()
     if missing:
@@ -116,28 +124,23 @@ def _start_kfp(cp, services: contextlib.ExitStack, pod_security: str) -> None:
 def _start_multi_user_kfp(cp, services: contextlib.ExitStack, pod_security: str) -> None:
     """The API server in multi-user mode and two profiles (kfp.py, profiles.py): requests are authorized
     by the real kube-apiserver; runs in a profile do not execute yet (docs/kfp-backend.md says why)."""
-    from cifar10_kfp.storage.embedded import EmbeddedObjectStore
-    from localcluster.kfp import BUCKET, KfpBackend
-    from localcluster.profiles import KFP_AUDIENCE, Profile
+    from localcluster.kfp import KfpBackend
+    from localcluster.profiles import KFP_AUDIENCE, TEAMS
 
-    store = services.enter_context(EmbeddedObjectStore(cp.dir / "kfp-store", bucket=BUCKET))
-    remove_sockets = ["rm", "-f", *map(str, store._socket_paths())]
-    reaper.track_command(remove_sockets)
-    services.callback(reaper.untrack, "command", remove_sockets)
+    store = _start_store(cp, services)
     backend = services.enter_context(KfpBackend(cp, store, pod_security=pod_security, multi_user=True))
-    profiles = (Profile("team-a", "alice@example.com"), Profile("team-b", "bob@example.com"))
-    for profile in profiles:
+    for profile in TEAMS:
         profile.create(cp, pod_security)
     print(
         f"KFP {versions.KFP} backend (multi-user) up in {backend.started_in_s:.0f} s; logs in {backend.dir / 'logs'}"
     )
     print(f"export KF_PIPELINES_ENDPOINT={backend.endpoint}")
-    for profile in profiles:
+    for profile in TEAMS:
         print(
             f"# {profile.name} (owner {profile.owner}): export KF_PIPELINES_TOKEN=$(kubectl create token "
             f"default-editor -n {profile.name} --audience {KFP_AUDIENCE}); cifar10-kfp runs --namespace {profile.name}"
         )
-    print(f"# or as the gateway does: curl -H 'kubeflow-userid: {profiles[0].owner}' ...")
+    print(f"# or as the gateway does: curl -H 'kubeflow-userid: {TEAMS[0].owner}' ...")
 
 
 def stop_on_signals() -> None:

@@ -22,10 +22,14 @@ class ImageStore:
     bin: dict[str, pathlib.Path]
     socket: pathlib.Path
 
+    def _ctr_argv(self, *args: str) -> list[str]:
+        """The pinned ctr in containerd's k8s.io namespace (the one the CRI plugin uses), with `args`."""
+        return [str(self.bin["ctr"]), f"--address={self.socket}", "--namespace=k8s.io", *args]
+
     def ctr(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
-        """Run the pinned ctr in containerd's k8s.io namespace (the one the CRI plugin uses)."""
+        """Run `ctr args`; a failure raises with ctr's message unless `check` is False."""
         proc = subprocess.run(
-            [str(self.bin["ctr"]), f"--address={self.socket}", "--namespace=k8s.io", *args],
+            self._ctr_argv(*args),
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -34,13 +38,13 @@ class ImageStore:
             raise RuntimeError(f"ctr {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
         return proc
 
+    def _image_rows(self) -> list[list[str]]:
+        """`ctr images ls`, a row per image name: REF TYPE DIGEST SIZE PLATFORMS LABELS."""
+        return [line.split() for line in self.ctr("images", "ls").stdout.splitlines()[1:] if line.strip()]
+
     def has_image(self, name: str, manifest_digest: str) -> bool:
         """Whether containerd holds image `name` at `manifest_digest`."""
-        for line in self.ctr("images", "ls").stdout.splitlines()[1:]:
-            fields = line.split()
-            if fields[:1] == [name] and manifest_digest in fields:
-                return True
-        return False
+        return any(row[0] == name and manifest_digest in row for row in self._image_rows())
 
     def import_image(self, image: pathlib.Path | images.OciImage) -> bool:
         """Import an OCI archive file, or stream an OciImage, under its name; False when already there.
@@ -61,11 +65,10 @@ class ImageStore:
         if isinstance(image, pathlib.Path):
             self.ctr("images", "import", *flags, str(image))
             return True
-        command = [str(self.bin["ctr"]), f"--address={self.socket}", "--namespace=k8s.io"]
         # ctr's output goes to a file: an unread pipe could fill and stall the stream.
         with tempfile.TemporaryFile() as output:
             proc = subprocess.Popen(
-                [*command, "images", "import", *flags, "-"],
+                self._ctr_argv("images", "import", *flags, "-"),
                 stdin=subprocess.PIPE,
                 stdout=output,
                 stderr=output,
@@ -127,7 +130,7 @@ class ImageStore:
         hold one while containerd creates them); containerd's garbage collection runs at once
         (`--sync`), not at its next scheduled pass.
         """
-        rows = [line.split() for line in self.ctr("images", "ls").stdout.splitlines()[1:] if line.strip()]
+        rows = self._image_rows()
         named = {row[2] for row in rows if not row[0].startswith("sha256:")}
         dangling = [row[0] for row in rows if row[0].startswith("sha256:") and row[2] not in named]
         leases = self.ctr("leases", "ls", "-q").stdout.split() if leases_too else []

@@ -18,7 +18,8 @@ The workflow-controller ConfigMap carries the settings KFP's third-party/argo/ba
 `multi_user=True` starts the API server as manifests/kustomize/base/installs/multi-user/ does
 (api-service/params.env: MULTIUSER=true, default-editor as the runs' service account; the identity
 header and prefix of base/installs/generic/pipeline-install-config.yaml), with KFP's pipeline rights as
-aggregated ClusterRoles (multi-user/view-edit-cluster-roles.yaml) and the controllers watching every
+aggregated ClusterRoles (multi-user/view-edit-cluster-roles.yaml, which aggregate into the profiles'
+kubeflow-* roles) and the controllers watching every
 namespace. Each request is then authenticated by the real kube-apiserver (TokenReview of a bearer
 token, or the gateway's `kubeflow-userid` header) and authorized by it (SubjectAccessReview) in the
 request's namespace: a profile (profiles.py).
@@ -184,11 +185,7 @@ class KfpBackend:
             "pipeline-runner-rolebinding.yaml",
         ):
             self.cp.kubectl_ok("apply", "-n", NAMESPACE, "-f", str(pipeline / name))
-        if self.multi_user:
-            from localcluster.profiles import kubeflow_roles
-
-            roles = {"apiVersion": "v1", "kind": "List", "items": kubeflow_roles()}
-            self.cp.kubectl_ok("apply", "-f", "-", input=json.dumps(roles))
+        if self.multi_user:  # KFP's rights, which aggregate into the profiles' kubeflow-* roles (profiles.py)
             self.cp.kubectl_ok("apply", "-f", str(self._multi_user_dir / "view-edit-cluster-roles.yaml"))
         access, secret = self.store.access_key, self.store.secret_key
         self._apply(
@@ -225,17 +222,17 @@ class KfpBackend:
 
     def _multi_user_env(self) -> dict[str, str]:
         """The API server's multi-user settings, read from the pinned tree's manifests."""
-        params = (self._multi_user_dir / "api-service/params.env").read_text().splitlines()
-        env = dict(line.split("=", 1) for line in params if "=" in line and not line.startswith("#"))
+        lines = (self._multi_user_dir / "api-service/params.env").read_text().splitlines()
+        params = dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
         install = self.kfp_tree / "manifests/kustomize/base/installs/generic/pipeline-install-config.yaml"
-        data = yaml.safe_load(install.read_text())["data"]
-        # api-service/deployment-patch.yaml maps these two keys of pipeline-install-config to the env.
-        env["KUBEFLOW_USERID_HEADER"], env["KUBEFLOW_USERID_PREFIX"] = (
-            data["USERID_HEADER"],
-            data["USERID_PREFIX"],
-        )
-        return {key: env[key] for key in ("MULTIUSER", "DEFAULTPIPELINERUNNERSERVICEACCOUNT",
-                                          "KUBEFLOW_USERID_HEADER", "KUBEFLOW_USERID_PREFIX")}  # fmt: skip
+        config = yaml.safe_load(install.read_text())["data"]
+        return {
+            "MULTIUSER": params["MULTIUSER"],
+            "DEFAULTPIPELINERUNNERSERVICEACCOUNT": params["DEFAULTPIPELINERUNNERSERVICEACCOUNT"],
+            # api-service/deployment-patch.yaml maps these two keys of pipeline-install-config to the env.
+            "KUBEFLOW_USERID_HEADER": config["USERID_HEADER"],
+            "KUBEFLOW_USERID_PREFIX": config["USERID_PREFIX"],
+        }
 
     # -- processes -------------------------------------------------------------------------
     def _home(self) -> dict[str, str]:

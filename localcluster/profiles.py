@@ -110,4 +110,8 @@ class Profile:
         ).stdout.strip()
 
 
-__all__ = ["KFP_AUDIENCE", "NAMESPACE_LABELS", "Profile", "kubeflow_roles"]
+#: The two teams of `make cluster-full MULTI_USER=1` and tests/cluster/test_multi_user.py.
+TEAMS = (Profile("team-a", "alice@example.com"), Profile("team-b", "bob@example.com"))
+
+
+__all__ = ["KFP_AUDIENCE", "NAMESPACE_LABELS", "TEAMS", "Profile", "kubeflow_roles"]

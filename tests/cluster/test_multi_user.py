@@ -24,12 +24,11 @@ import pytest
 
 from cifar10_kfp.storage.embedded import EmbeddedObjectStore
 from localcluster import kfp as kfp_harness
-from localcluster.profiles import Profile
+from localcluster.profiles import TEAMS
 from tests.support.cli import command, user_env
 from tests.support.paths import ROOT
 
-TEAM_A = Profile("team-a", "alice@example.com")
-TEAM_B = Profile("team-b", "bob@example.com")
+TEAM_A, TEAM_B = TEAMS
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +39,7 @@ def multi_user_kfp(control_plane, tmp_path_factory):
     with EmbeddedObjectStore(store_dir, bucket=kfp_harness.BUCKET) as store:
         with kfp_harness.KfpBackend(control_plane, store, multi_user=True) as backend:
             conftest._TIMINGS["KFP backend start (multi-user)"] = backend.started_in_s
-            for profile in (TEAM_A, TEAM_B):
+            for profile in TEAMS:
                 profile.create(control_plane)
             yield backend
 
